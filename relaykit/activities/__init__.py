@@ -1,0 +1,1 @@
+"""Activity code: everything that touches the world (HTTP to models, tools, callbacks)."""

@@ -1,0 +1,147 @@
+"""Agents: a name, instructions, a model, tools, handoffs and an output type.
+
+An :class:`Agent` is plain configuration. It never runs by itself: the turn loop
+(:mod:`relaykit.workflows.loop`) reads it inside a Temporal workflow, and the worker registers its
+tools as activities. Agents are looked up by name inside a run (a run records the current agent
+by name so it can resume after a crash or a continue-as-new), so names are unique within the graph
+of agents a worker serves.
+
+Instructions may be a function of the :class:`RunContext`. That function runs in workflow code,
+so it must be deterministic: no clock, no I/O, no randomness (use a tool for those).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from relaykit.errors import ConfigurationError
+from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
+from relaykit.names import tool_name_for
+from relaykit.tools import Tool
+
+if TYPE_CHECKING:
+    from relaykit.handoff import Handoff
+    from relaykit.subagents import Subagents
+
+
+class RunContext(BaseModel):
+    """What dynamic instructions may read: the run's identity and the application's context."""
+
+    agent: str
+    turn: int
+    workflow_id: str
+    run_path: list[str] = Field(default_factory=list)
+    context: dict[str, Any] = Field(default_factory=dict)
+    """Application data given when the run was started (``context=`` of the run)."""
+
+
+Instructions = str | Callable[[RunContext], str]
+
+
+@dataclass(eq=False)
+class Agent:
+    """An agent definition.
+
+    ``model`` may be ``None``: the worker's default model (``RELAYKIT_MODEL``, or what
+    ``relaykit dev`` picked) then serves it, which keeps examples free of provider choices.
+    """
+
+    name: str
+    instructions: Instructions = ""
+    model: str | ModelSpec | None = None
+    tools: list[Tool | AgentTool] = field(default_factory=list)
+    handoffs: list[Agent | Handoff] = field(default_factory=list)
+    output_type: Any = None
+    """A type (pydantic model, dataclass, ``list[str]``…) the final answer must validate against."""
+    model_settings: ModelSettings | None = None
+    description: str = ""
+    """What this agent is good at: used in default handoff and agent-tool descriptions."""
+    subagents: Subagents | None = None
+    """Background helpers this agent may spawn (see :class:`relaykit.Subagents`)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigurationError("an Agent needs a non-empty name")
+        if self.model is not None:
+            self.model = parse_model(self.model)
+        for entry in self.tools:
+            if not isinstance(entry, (Tool, AgentTool)):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: {entry!r} is not a tool",
+                    hint="decorate functions with @relaykit.tool, or use other_agent.as_tool()",
+                )
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r})"
+
+    def clone(self, **changes: Any) -> Agent:
+        return dataclasses.replace(self, **changes)
+
+    def render_instructions(self, ctx: RunContext) -> str:
+        if callable(self.instructions):
+            return str(self.instructions(ctx))
+        return self.instructions
+
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        max_turns: int = 50,
+        budget: Budget | None = None,
+    ) -> AgentTool:
+        """Delegate to this agent as a tool: it runs as a child workflow that sees only the prompt
+        the model wrote, and its final output comes back as the tool result."""
+        return AgentTool(
+            agent=self,
+            name=name or tool_name_for("ask_", self.name),
+            description=description
+            or (f"Ask the {self.name} agent. " + (self.description or "")).strip(),
+            max_turns=max_turns,
+            budget=budget,
+        )
+
+
+class Budget(BaseModel):
+    """Limits on what a run may spend. ``None`` means no limit. A child run's usage counts
+    towards its parent's budget, so the root budget caps the whole tree."""
+
+    max_total_tokens: int | None = None
+    max_requests: int | None = None
+
+
+@dataclass(eq=False)
+class AgentTool:
+    """An agent exposed as a tool (``ask_<slug>``) whose call starts a child workflow."""
+
+    agent: Agent
+    name: str
+    description: str
+    max_turns: int = 50
+    budget: Budget | None = None
+
+    @property
+    def spec(self) -> Any:
+        from relaykit.messages import ToolSpec
+
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "input": {
+                        "type": "string",
+                        "description": "The complete task for the agent; it cannot see this "
+                        "conversation.",
+                    }
+                },
+                "required": ["input"],
+                "additionalProperties": False,
+            },
+        )

@@ -1,0 +1,166 @@
+"""Client helpers: connect the way Temporal users expect, start runs by agent name, and talk to
+a run (result, state, events, approvals, messages, pause/resume, cancel).
+
+A run is a plain Temporal workflow, so every helper here has an equivalent with any Temporal
+client or the ``temporal`` CLI; these only add types and clear errors.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from relaykit.agent import Agent, Budget
+from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
+from relaykit.messages import Message
+from relaykit.names import slug
+from relaykit.runs import (
+    ApprovalDecision,
+    PendingApproval,
+    RunEvent,
+    RunInput,
+    RunResult,
+    RunSnapshot,
+)
+from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
+
+DEFAULT_TASK_QUEUE = "relaykit"
+
+
+async def connect(
+    target: str | None = None,
+    *,
+    namespace: str | None = None,
+    profile: str | None = None,
+    **options: Any,
+) -> Client:
+    """Connect with Temporal's environment configuration (``TEMPORAL_ADDRESS``,
+    ``TEMPORAL_NAMESPACE``, ``TEMPORAL_PROFILE`` and the config file) and relaykit's pydantic
+    data converter."""
+    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    if target:
+        config["target_host"] = target
+    config.setdefault("target_host", "localhost:7233")
+    if namespace:
+        config["namespace"] = namespace
+    config.update(options)
+    config["data_converter"] = pydantic_data_converter
+    try:
+        return await Client.connect(**config)
+    except RuntimeError as exc:
+        raise RelaykitError(
+            f"cannot reach the Temporal server at {config['target_host']}: {exc}",
+            hint="start one with `relaykit dev`, or set TEMPORAL_ADDRESS",
+        ) from None
+
+
+class RunHandle:
+    """A handle on one run (a Temporal workflow handle with relaykit's types)."""
+
+    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+        self.workflow = handle
+
+    @property
+    def id(self) -> str:
+        return self.workflow.id
+
+    @property
+    def run_id(self) -> str | None:
+        return self.workflow.result_run_id or self.workflow.run_id
+
+    async def result(self) -> RunResult:
+        """Wait for the run's end; raises :class:`RunFailed` (with its ``type``) if it failed."""
+        try:
+            return await self.workflow.result()
+        except WorkflowFailureError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError):
+                raise RunFailed(cause.message, type=cause.type) from exc
+            if isinstance(cause, CancelledError):
+                raise RunFailed("the run was cancelled", type=RUN_CANCELLED) from exc
+            raise RunFailed(str(cause or exc)) from exc
+
+    async def state(self) -> RunSnapshot:
+        return await self.workflow.query("state", result_type=RunSnapshot)
+
+    async def events(self, offset: int = 0) -> list[RunEvent]:
+        return await self.workflow.query("events", offset, result_type=list[RunEvent])
+
+    async def pending_approvals(self) -> list[PendingApproval]:
+        return await self.workflow.query("pending_approvals", result_type=list[PendingApproval])
+
+    async def approve(
+        self, call_id: str, approved: bool = True, reason: str | None = None
+    ) -> PendingApproval:
+        """Answer an approval; raises if the call id is unknown or already answered."""
+        return await self.workflow.execute_update(
+            "approve",
+            ApprovalDecision(call_id=call_id, approved=approved, reason=reason),
+            result_type=PendingApproval,
+        )
+
+    async def send_message(self, text: str) -> int:
+        return await self.workflow.execute_update("send_message", text, result_type=int)
+
+    async def pause(self) -> None:
+        await self.workflow.signal("pause")
+
+    async def resume(self, text: str | None = None) -> None:
+        await self.workflow.signal("resume", text)
+
+    async def cancel(self) -> None:
+        await self.workflow.cancel()
+
+
+def new_run_id(agent_name: str) -> str:
+    return f"{slug(agent_name) or 'run'}-{uuid.uuid4().hex[:12]}"
+
+
+async def start_run(
+    client: Client,
+    agent: str | Agent,
+    input: str | list[Message],
+    *,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    id: str | None = None,
+    max_turns: int = 50,
+    budget: Budget | None = None,
+    extra_instructions: str | None = None,
+    context: dict[str, Any] | None = None,
+    **start_options: Any,
+) -> RunHandle:
+    """Start a run of ``agent`` (by name or object) and return its handle at once."""
+    name = agent.name if isinstance(agent, Agent) else agent
+    prompt = input if isinstance(input, str) else (input[-1].content if input else "")
+    handle = await client.start_workflow(
+        AGENT_RUN_WORKFLOW,
+        RunInput(
+            agent=name,
+            input=input,
+            max_turns=max_turns,
+            budget=budget,
+            extra_instructions=extra_instructions,
+            context=context or {},
+        ),
+        id=id or new_run_id(name),
+        task_queue=task_queue,
+        result_type=RunResult,
+        static_summary=f"{name}: {prompt[:200]}",
+        **start_options,
+    )
+    return RunHandle(handle)
+
+
+def get_run(client: Client, run_id: str) -> RunHandle:
+    return RunHandle(client.get_workflow_handle(run_id, result_type=RunResult))
+
+
+async def run(client: Client, agent: str | Agent, input: str, **options: Any) -> RunResult:
+    """Start a run and wait for its result."""
+    handle = await start_run(client, agent, input, **options)
+    return await handle.result()

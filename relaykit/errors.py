@@ -1,0 +1,43 @@
+"""Errors a relaykit user can meet, each with a hint on what to do.
+
+Errors raised inside a workflow or an activity cross the Temporal boundary as
+:class:`temporalio.exceptions.ApplicationError`; the ``type`` string of that error is the class
+name below, so a client can tell a budget stop from a model failure without importing anything.
+"""
+
+from __future__ import annotations
+
+
+class RelaykitError(Exception):
+    """Base class of every relaykit error."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message} (hint: {hint})" if hint else message)
+
+
+class ConfigurationError(RelaykitError, ValueError):
+    """Agents, tools or settings are defined in a way that cannot run (raised at definition time
+    or when a worker starts, never in the middle of a run)."""
+
+
+class RunFailed(RelaykitError):
+    """A run ended without an answer; ``type`` is the Temporal error type (e.g.
+    ``MaxTurnsExceeded``, ``BudgetExceeded``, ``ModelCallFailed``)."""
+
+    def __init__(self, message: str, *, type: str | None = None, hint: str | None = None):
+        self.type = type
+        super().__init__(message, hint=hint)
+
+
+# Error type names used in ApplicationError.type (stable: clients match on them).
+MAX_TURNS_EXCEEDED = "MaxTurnsExceeded"
+BUDGET_EXCEEDED = "BudgetExceeded"
+OUTPUT_VALIDATION_FAILED = "OutputValidationFailed"
+MODEL_CALL_FAILED = "ModelCallFailed"
+MODEL_HTTP_ERROR = "ModelHTTPError"
+CONTEXT_WINDOW_EXCEEDED = "ContextWindowExceeded"
+PAYLOAD_TOO_LARGE = "PayloadTooLarge"
+UNKNOWN_AGENT = "UnknownAgent"
+RUN_CANCELLED = "RunCancelled"

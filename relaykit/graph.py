@@ -1,0 +1,134 @@
+"""The graph of agents a worker serves, checked once when the worker starts.
+
+A run names its current agent by string (so it survives crashes and continue-as-new), which only
+works if names are unique in the graph. Tools become activity types named after themselves, so
+two different tools may not share a name anywhere in the graph. Both are checked here, at worker
+start, so a mistake is a clear error before any run, never a stuck workflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from relaykit.agent import Agent, AgentTool
+from relaykit.errors import ConfigurationError
+from relaykit.handoff import Handoff, as_handoff
+from relaykit.models.spec import ModelSpec
+from relaykit.tools import Tool
+
+#: Activity and tool names relaykit itself uses; user tools may not take them.
+RESERVED_NAMES = frozenset(
+    {
+        "relaykit.model_call",
+        "spawn_subagent",
+        "wait_subagents",
+        "cancel_subagent",
+        "send_to_subagent",
+    }
+)
+
+
+@dataclass
+class AgentGraph:
+    """Agents by name, function tools by name, handoffs by tool name (what the worker registers)."""
+
+    agents: dict[str, Agent] = field(default_factory=dict)
+    tools: dict[str, Tool] = field(default_factory=dict)
+    handoffs: dict[str, Handoff] = field(default_factory=dict)
+    default_model: ModelSpec | None = None
+    search_attributes: bool = False
+    """Whether runs upsert relaykit's search attributes (set by the worker when the namespace
+    has them registered; upserting an unregistered one would fail every workflow task)."""
+
+    @classmethod
+    def build(
+        cls, roots: Iterable[Agent], *, default_model: ModelSpec | None = None
+    ) -> AgentGraph:
+        graph = cls(default_model=default_model)
+        pending = list(roots)
+        if not pending:
+            raise ConfigurationError("no agents given", hint="pass at least one Agent")
+        while pending:
+            agent = pending.pop()
+            if not isinstance(agent, Agent):
+                raise ConfigurationError(f"{agent!r} is not an Agent")
+            known = graph.agents.get(agent.name)
+            if known is agent:
+                continue
+            if known is not None:
+                raise ConfigurationError(
+                    f"two different agents are named {agent.name!r}",
+                    hint="agent names must be unique among the agents one worker serves "
+                    "(runs look agents up by name)",
+                )
+            graph.agents[agent.name] = agent
+            pending.extend(graph._add_agent(agent))
+        for agent in graph.agents.values():
+            if agent.model is None and default_model is None:
+                raise ConfigurationError(
+                    f"agent {agent.name!r} has no model and the worker has no default model",
+                    hint='set Agent(model="openai:gpt-4.1-mini") or RELAYKIT_MODEL',
+                )
+        return graph
+
+    def _add_agent(self, agent: Agent) -> list[Agent]:
+        """Register the agent's tools and handoffs; return the agents it reaches."""
+        reached: list[Agent] = []
+        local_names: set[str] = set()
+
+        def claim(name: str) -> None:
+            if name in local_names:
+                raise ConfigurationError(
+                    f"agent {agent.name!r} has two tools named {name!r}",
+                    hint="rename one (tool(name=...), Handoff(name=...), as_tool(name=...))",
+                )
+            local_names.add(name)
+
+        for entry in agent.tools:
+            claim(entry.name)
+            if isinstance(entry, AgentTool):
+                reached.append(entry.agent)
+                continue
+            if entry.name in RESERVED_NAMES:
+                raise ConfigurationError(f"tool name {entry.name!r} is reserved by relaykit")
+            known = self.tools.get(entry.name)
+            if known is not None and known is not entry:
+                raise ConfigurationError(
+                    f"two different tools are named {entry.name!r}",
+                    hint="each tool is an activity type named after it; give one another name",
+                )
+            self.tools[entry.name] = entry
+        for raw in agent.handoffs:
+            handoff = as_handoff(raw)
+            claim(handoff.tool_name)
+            known_handoff = self.handoffs.get(handoff.tool_name)
+            if known_handoff is not None and known_handoff.target is not handoff.target:
+                raise ConfigurationError(
+                    f"handoff tool {handoff.tool_name!r} leads to two different agents",
+                    hint="give one of them another name with Handoff(name=...)",
+                )
+            if handoff.tool_name in self.tools:
+                raise ConfigurationError(
+                    f"handoff {handoff.tool_name!r} collides with a function tool of that name"
+                )
+            self.handoffs.setdefault(handoff.tool_name, handoff)
+            reached.append(handoff.target)
+        if agent.subagents is not None:
+            for name in RESERVED_NAMES - {"relaykit.model_call"}:
+                claim(name)
+            reached.extend(agent.subagents.agents)
+        return reached
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise KeyError(
+                f"unknown agent {name!r}; this worker serves: {', '.join(sorted(self.agents))}"
+            ) from None
+
+    def model_for(self, agent: Agent) -> ModelSpec:
+        spec = agent.model if isinstance(agent.model, ModelSpec) else self.default_model
+        assert spec is not None  # checked in build()
+        return spec

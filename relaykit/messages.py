@@ -1,0 +1,113 @@
+"""The provider-neutral data that crosses the workflow/activity boundary.
+
+Every model here is persisted in Temporal history (as an activity input or result, or inside a
+workflow input/result), so each one is a compatibility obligation for runs in flight: add fields
+with defaults, never rename or remove one.
+
+The transcript is a list of :class:`Message` in the OpenAI chat shape (role, text, tool calls,
+tool results) because that shape maps losslessly onto both wire formats relaykit speaks; the
+provider adapters in :mod:`relaykit.models` translate it at the edge.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Role = Literal["user", "assistant", "tool"]
+
+
+class ToolCall(BaseModel):
+    """A tool call the model asked for. ``arguments`` stays the raw JSON text the model wrote, so
+    that malformed arguments reach the tool path (and become an error result) instead of failing
+    the model activity."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class Message(BaseModel):
+    """One transcript entry.
+
+    - ``user``: ``content`` is what the person (or a report, or an injected message) said.
+    - ``assistant``: ``content`` is the text (may be empty) and ``tool_calls`` what it asked to run.
+    - ``tool``: the result of the call ``tool_call_id`` to ``name``; ``is_error`` marks results
+      the model should read as a failure (bad arguments, a raising tool, a rejected approval).
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+    agent: str | None = None
+    """For assistant and tool messages: the agent whose turn produced it (for readers and
+    input filters; providers ignore it)."""
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls(role="user", content=text)
+
+    @classmethod
+    def assistant(cls, text: str = "", tool_calls: list[ToolCall] | None = None) -> Message:
+        return cls(role="assistant", content=text, tool_calls=tool_calls or [])
+
+    @classmethod
+    def tool_result(
+        cls, call: ToolCall, content: str, *, is_error: bool = False
+    ) -> Message:
+        return cls(
+            role="tool",
+            content=content,
+            tool_call_id=call.id,
+            name=call.name,
+            is_error=is_error,
+        )
+
+
+class Usage(BaseModel):
+    """Tokens and requests spent. Added up across turns, handoffs and child runs."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            requests=self.requests + other.requests,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class ToolSpec(BaseModel):
+    """What the model is told about one tool: its name, description and JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+
+class OutputSpec(BaseModel):
+    """The structured output the model must produce as its final answer."""
+
+    name: str = "final_output"
+    json_schema: dict[str, Any]
+
+
+class ModelResponse(BaseModel):
+    """What one model call returned: a message (text and/or tool calls) and its usage."""
+
+    message: Message
+    usage: Usage = Field(default_factory=Usage)
+    model: str = ""
+    finish_reason: str | None = None

@@ -1,0 +1,99 @@
+"""Which model serves an agent, as serialisable data.
+
+A :class:`ModelSpec` is part of every model activity's input, so it must never hold a secret:
+API keys are read from the environment of the worker that runs the model activity (see
+:mod:`relaykit.models.providers`). ``base_url`` may be left ``None`` so that the worker's own
+environment (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``) decides where requests go.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from relaykit.errors import ConfigurationError
+from relaykit.messages import Message, OutputSpec, ToolSpec
+
+Provider = Literal["openai", "anthropic", "local"]
+
+#: Short aliases for OpenAI-compatible servers that people run on their own machine.
+_COMPATIBLE_SERVERS: dict[str, str] = {
+    "ollama": "http://127.0.0.1:11434/v1",
+    "lmstudio": "http://127.0.0.1:1234/v1",
+    "vllm": "http://127.0.0.1:8000/v1",
+}
+
+
+class ModelSettings(BaseModel):
+    """Sampling and tool-use settings sent with every request of an agent (all optional)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    tool_choice: Literal["auto", "required", "none"] | None = None
+    parallel_tool_calls: bool | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Provider-specific fields merged into the request body as they are."""
+
+
+class ModelSpec(BaseModel):
+    """A model and how to reach it.
+
+    ``tool_calls="constrained"`` is for OpenAI-compatible servers whose model has no native
+    tool-call format (llama.cpp, some vLLM/Ollama models): relaykit then asks for JSON constrained
+    by a schema and turns the answer into tool calls.
+    """
+
+    provider: Provider = "openai"
+    name: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    """Name of the environment variable holding the key (never the key itself)."""
+    timeout_seconds: float = 120.0
+    tool_calls: Literal["native", "constrained"] = "native"
+    stream: bool = False
+    """Read the provider's SSE stream (token deltas are published while the model writes)."""
+
+    @property
+    def label(self) -> str:
+        return self.name if self.provider == "openai" else f"{self.provider}:{self.name}"
+
+
+def parse_model(model: str | ModelSpec) -> ModelSpec:
+    """``"openai:gpt-4.1-mini"``, ``"anthropic:claude-sonnet-4-5"``, ``"ollama:llama3.2"``,
+    ``"local:smollm2"``, or a bare name (taken as OpenAI-compatible)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigurationError(
+            f"model must be a non-empty string or a ModelSpec, got {model!r}",
+            hint='use e.g. "openai:gpt-4.1-mini" or "anthropic:claude-sonnet-4-5"',
+        )
+    prefix, sep, name = model.partition(":")
+    if not sep:
+        return ModelSpec(provider="openai", name=model)
+    if prefix in ("openai", "anthropic"):
+        return ModelSpec(provider=prefix, name=name)
+    if prefix == "local":
+        return ModelSpec(provider="local", name=name, tool_calls="constrained")
+    if prefix in _COMPATIBLE_SERVERS:
+        return ModelSpec(provider="openai", name=name, base_url=_COMPATIBLE_SERVERS[prefix])
+    raise ConfigurationError(
+        f"unknown model provider {prefix!r} in {model!r}",
+        hint="known prefixes: openai, anthropic, local, " + ", ".join(_COMPATIBLE_SERVERS),
+    )
+
+
+class ModelRequest(BaseModel):
+    """The input of the model activity: everything one model call needs, and nothing secret."""
+
+    model: ModelSpec
+    system: str = ""
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    output: OutputSpec | None = None
+    settings: ModelSettings = Field(default_factory=ModelSettings)
+    reminder: str | None = None
+    """Transient text appended to the request (e.g. background task status); never saved in the
+    transcript."""

@@ -1,0 +1,136 @@
+"""What a run takes, keeps and returns.
+
+Every model here is persisted in Temporal history (workflow input, continue-as-new input, query
+and update payloads, result), so each one is a compatibility obligation for runs in flight: add
+fields with defaults; never rename, retype or remove one.
+
+A run can be started from any Temporal client with a JSON input of :class:`RunInput`'s shape,
+e.g. ``temporal workflow start --type AgentRun --task-queue relaykit
+--input '{"agent": "triage", "input": "I was charged twice"}'``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from relaykit.agent import Budget
+from relaykit.messages import Message, Usage
+
+RunStatus = Literal["running", "waiting_approval", "paused", "completed", "failed", "cancelled"]
+
+EventKind = Literal[
+    "run_started",
+    "message",
+    "tool_call",
+    "tool_result",
+    "handoff",
+    "approval_requested",
+    "approval_answered",
+    "message_injected",
+    "paused",
+    "resumed",
+    "subagent_started",
+    "subagent_finished",
+    "error",
+    "final",
+]
+
+
+class RunEvent(BaseModel):
+    """One fact about a run, in order (modelled on Eino's AgentEvent).
+
+    ``run_path`` runs from the root run's agent to the agent that produced the event; it is set by
+    relaykit only (children's events get their parent's path in front).
+    """
+
+    seq: int
+    kind: EventKind
+    agent: str
+    turn: int
+    run_path: list[str] = Field(default_factory=list)
+    data: dict[str, Any] = Field(default_factory=dict)
+    at: datetime | None = None
+
+
+class PendingApproval(BaseModel):
+    """A tool call waiting for a person."""
+
+    call_id: str
+    tool: str
+    arguments: str
+    agent: str
+    run_path: list[str] = Field(default_factory=list)
+    turn: int = 0
+    requested_at: datetime | None = None
+
+
+class ApprovalDecision(BaseModel):
+    """A person's answer to a :class:`PendingApproval` (update and signal payload)."""
+
+    call_id: str
+    approved: bool
+    reason: str | None = None
+
+
+class RunState(BaseModel):
+    """Everything a run must carry across a continue-as-new (and what queries read)."""
+
+    agent: str
+    transcript: list[Message] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    turn: int = 0
+    output_retries: int = 0
+    run_path: list[str] = Field(default_factory=list)
+    events: list[RunEvent] = Field(default_factory=list)
+    event_offset: int = 0
+    """Sequence number of ``events[0]`` (older events were dropped to bound history)."""
+    mailbox: list[str] = Field(default_factory=list)
+    paused: bool = False
+    pending_approvals: dict[str, PendingApproval] = Field(default_factory=dict)
+    decisions: dict[str, ApprovalDecision] = Field(default_factory=dict)
+    status: RunStatus = "running"
+
+
+class RunInput(BaseModel):
+    """The input of the ``AgentRun`` workflow."""
+
+    agent: str
+    """Name of the agent that starts the run."""
+    input: str | list[Message] = ""
+    """The task: a prompt, or a whole conversation to continue."""
+    max_turns: int = 50
+    budget: Budget | None = None
+    extra_instructions: str | None = None
+    """Appended to the system prompt of every agent the run reaches."""
+    context: dict[str, Any] = Field(default_factory=dict)
+    """Application data for dynamic instructions (must be JSON; never put secrets here)."""
+    run_path: list[str] = Field(default_factory=list)
+    """Set by relaykit for child runs: the parent's path."""
+    state: RunState | None = None
+    """Set by relaykit on continue-as-new."""
+
+
+class RunResult(BaseModel):
+    """What a finished run returns."""
+
+    output: Any
+    """The final answer: text, or the JSON form of the agent's ``output_type``."""
+    final_agent: str
+    usage: Usage
+    turns: int
+    transcript: list[Message] = Field(default_factory=list)
+
+
+class RunSnapshot(BaseModel):
+    """The ``state`` query: a run's status without side effects."""
+
+    status: RunStatus
+    agent: str
+    turn: int
+    usage: Usage
+    pending_approvals: list[PendingApproval] = Field(default_factory=list)
+    paused: bool = False
+    mailbox: int = 0

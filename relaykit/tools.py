@@ -1,0 +1,297 @@
+"""Function tools: a typed Python function the model may call, run as its own Temporal activity.
+
+The JSON schema the model sees is derived by pydantic from the function's signature, and the
+parameter descriptions from its docstring (Google style ``Args:`` section), so the function stays
+the single source of truth.
+
+Invariants:
+- Each tool is registered as an activity type named after the tool (``search_web``), so a run's
+  history in the Temporal UI reads like the run. Tool names are therefore compatibility data.
+- Arguments are validated twice: in workflow code (so bad arguments become an error result without
+  scheduling anything) and in the activity (which needs the parsed values).
+- An ordinary exception raised by the tool becomes an error tool result the model can react to;
+  only :class:`temporalio.exceptions.ApplicationError` (and infrastructure failures such as
+  timeouts or a crashed worker) go through Temporal's retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import to_json
+from temporalio.common import RetryPolicy
+
+from relaykit.errors import ConfigurationError
+from relaykit.messages import ToolSpec
+from relaykit.names import is_valid_tool_name
+
+DEFAULT_TOOL_TIMEOUT = timedelta(minutes=5)
+DEFAULT_MAX_OUTPUT_CHARS = 100_000
+TRUNCATION_MARKER = "\n[… output truncated by relaykit: {dropped} characters dropped]"
+
+
+class ToolContext(BaseModel):
+    """What a tool may learn about the call it serves. Declare a parameter annotated with
+    ``ToolContext`` to receive it; it is not part of the schema the model sees."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    tool_name: str
+    agent: str
+    workflow_id: str
+    run_path: list[str] = Field(default_factory=list)
+
+
+class ToolInvocation(BaseModel):
+    """The input of a tool activity (persisted: compatibility data)."""
+
+    call_id: str
+    arguments: str = "{}"
+    agent: str = ""
+    workflow_id: str = ""
+    run_path: list[str] = Field(default_factory=list)
+
+
+class ToolOutcome(BaseModel):
+    """The result of a tool activity (persisted: compatibility data)."""
+
+    content: str
+    is_error: bool = False
+
+
+def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a docstring into its description and the ``Args:`` entries."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    description: list[str] = []
+    params: dict[str, str] = {}
+    current: str | None = None
+    in_args = False
+    for line in lines:
+        stripped = line.strip()
+        if re.match(r"^(Args|Arguments|Parameters):\s*$", stripped):
+            in_args = True
+            continue
+        if in_args and re.match(r"^(Returns|Raises|Yields|Examples?|Notes?):\s*$", stripped):
+            in_args = False
+            current = None
+            continue
+        if in_args:
+            match = re.match(r"^(\w+)\s*(\([^)]*\))?\s*:\s*(.*)$", stripped)
+            if match and not line.startswith(" " * 8):
+                current = match.group(1)
+                params[current] = match.group(3)
+            elif current and stripped:
+                params[current] += " " + stripped
+        elif not params:
+            description.append(line)
+    return "\n".join(description).strip(), params
+
+
+@dataclass(eq=False)
+class Tool:
+    """A function tool. Build it with :func:`tool`; fields are read by the turn loop and worker."""
+
+    name: str
+    description: str
+    function: Callable[..., Any]
+    args_model: type[BaseModel]
+    context_param: str | None = None
+    timeout: timedelta = DEFAULT_TOOL_TIMEOUT
+    """start-to-close timeout of one attempt of the activity."""
+    heartbeat_timeout: timedelta | None = None
+    """Set it for long tools that call ``activity.heartbeat()``: a crashed worker is noticed
+    after this long instead of after ``timeout``."""
+    retry: RetryPolicy | None = None
+    """Temporal retry policy for infrastructure failures (default: Temporal's, 5 attempts)."""
+    task_queue: str | None = None
+    """Run this tool on workers of another task queue (e.g. machines with a browser or a GPU)."""
+    needs_approval: bool | Callable[[dict[str, Any]], bool] = False
+    """``True``, or a predicate on the parsed arguments, to wait for a person before running."""
+    approval_timeout: timedelta | None = None
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> ToolSpec:
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        return ToolSpec(name=self.name, description=self.description, parameters=schema)
+
+    def parse_arguments(self, raw: str) -> BaseModel:
+        """Validate the model's raw JSON; raises ``ValueError`` with a message for the model."""
+        try:
+            return self.args_model.model_validate_json(raw or "{}")
+        except ValidationError as exc:
+            raise ValueError(_validation_message(self.name, exc)) from None
+
+    def requires_approval(self, arguments: dict[str, Any]) -> bool:
+        if callable(self.needs_approval):
+            return bool(self.needs_approval(arguments))
+        return bool(self.needs_approval)
+
+    async def invoke(self, invocation: ToolInvocation) -> ToolOutcome:
+        """Run the function for one call (activity side)."""
+        try:
+            parsed = self.parse_arguments(invocation.arguments)
+        except ValueError as exc:
+            return ToolOutcome(content=str(exc), is_error=True)
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        if self.context_param:
+            kwargs[self.context_param] = ToolContext(
+                call_id=invocation.call_id,
+                tool_name=self.name,
+                agent=invocation.agent,
+                workflow_id=invocation.workflow_id,
+                run_path=invocation.run_path,
+            )
+        if inspect.iscoroutinefunction(self.function):
+            value = await self.function(**kwargs)
+        else:
+            value = await asyncio.to_thread(self.function, **kwargs)
+        return ToolOutcome(content=self.truncate(render_tool_output(value)))
+
+    def truncate(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        dropped = len(text) - self.max_output_chars
+        return text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
+
+
+def _validation_message(tool_name: str, exc: ValidationError) -> str:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+        for err in exc.errors(include_url=False)
+    )
+    return f"Invalid arguments for tool {tool_name!r}: {problems}. Fix them and call it again."
+
+
+def render_tool_output(value: Any) -> str:
+    """Turn what a tool returned into the text the model reads."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    if value is None:
+        return "null"
+    try:
+        return to_json(value).decode()
+    except Exception:  # noqa: BLE001 - anything unserialisable still reaches the model as text
+        return str(value)
+
+
+def _build_args_model(
+    fn: Callable[..., Any], name: str, param_docs: dict[str, str]
+) -> tuple[type[BaseModel], str | None]:
+    signature = inspect.signature(fn)
+    try:
+        hints = get_type_hints(fn)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigurationError(
+            f"cannot resolve the type hints of tool {name!r}: {exc}",
+            hint="define the types the signature uses at module level",
+        ) from exc
+    fields: dict[str, Any] = {}
+    context_param: str | None = None
+    for pname, param in signature.parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(
+                f"tool {name!r} has *args/**kwargs parameter {pname!r}",
+                hint="tools need named, typed parameters so a JSON schema can describe them",
+            )
+        annotation = hints.get(pname, Any)
+        if annotation is ToolContext:
+            context_param = pname
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
+    model = create_model(  # type: ignore[call-overload]
+        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return model, context_param
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: timedelta | float = DEFAULT_TOOL_TIMEOUT,
+    heartbeat_timeout: timedelta | float | None = None,
+    retry: RetryPolicy | None = None,
+    task_queue: str | None = None,
+    needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+    approval_timeout: timedelta | float | None = None,
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+) -> Any:
+    """Turn a typed function (sync or async) into a :class:`Tool`.
+
+    Usable bare (``@tool``) or with options (``@tool(timeout=30, needs_approval=True)``);
+    numbers for durations are seconds.
+    """
+
+    def as_delta(value: timedelta | float | None) -> timedelta | None:
+        if value is None or isinstance(value, timedelta):
+            return value
+        return timedelta(seconds=value)
+
+    def build(fn: Callable[..., Any]) -> Tool:
+        if not callable(fn):
+            raise ConfigurationError(f"@tool needs a function, got {fn!r}")
+        tool_name = name or fn.__name__
+        if not is_valid_tool_name(tool_name):
+            raise ConfigurationError(
+                f"invalid tool name {tool_name!r}",
+                hint="tool names are 1-64 characters of A-Z, a-z, 0-9, _ and - (providers "
+                "reject others); pass name=... to @tool",
+            )
+        doc_description, param_docs = _docstring_parts(fn.__doc__)
+        args_model, context_param = _build_args_model(fn, tool_name, param_docs)
+        return Tool(
+            name=tool_name,
+            description=description or doc_description,
+            function=fn,
+            args_model=args_model,
+            context_param=context_param,
+            timeout=as_delta(timeout) or DEFAULT_TOOL_TIMEOUT,
+            heartbeat_timeout=as_delta(heartbeat_timeout),
+            retry=retry,
+            task_queue=task_queue,
+            needs_approval=needs_approval,
+            approval_timeout=as_delta(approval_timeout),
+            max_output_chars=max_output_chars,
+        )
+
+    if function is not None:
+        return build(function)
+    return build
+
+
+def summarize_call(name: str, arguments: str, limit: int = 80) -> str:
+    """``search_web(query=…)`` for activity summaries in the Temporal UI."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        parts = []
+        for key, value in parsed.items():
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            if len(text) > 40:
+                text = text[:39] + "…"
+            parts.append(f"{key}={text}")
+        inner = ", ".join(parts)
+    else:
+        inner = (arguments or "")[:40]
+    summary = f"{name}({inner})"
+    return summary if len(summary) <= limit else summary[: limit - 2] + "…)"

@@ -1,0 +1,151 @@
+"""The worker: one process that serves an agent graph on a task queue.
+
+It registers the ``AgentRun`` workflow, the model activity and one activity per tool (named after
+the tool) and per ``on_handoff`` callback. The workflow sandbox stays on; the ``relaykit`` package
+is passed through it so workflow code sees the same agent objects the worker was given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker as TemporalWorker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from relaykit import registry
+from relaykit.activities.model_call import ModelActivities
+from relaykit.activities.tool_activities import handoff_activity, tool_activity
+from relaykit.agent import Agent
+from relaykit.graph import AgentGraph
+from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.search_attributes import ALL as RELAY_SEARCH_ATTRIBUTES
+from relaykit.workflows.agent_run import AgentRun
+
+DEFAULT_TASK_QUEUE = "relaykit"
+
+
+def sandbox_runner(*extra_passthrough: str) -> SandboxedWorkflowRunner:
+    """The sandboxed runner relaykit workers use (relaykit's own modules passed through)."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(
+            "relaykit", "httpx", *extra_passthrough
+        )
+    )
+
+
+def default_model_from_env() -> ModelSpec | None:
+    value = os.environ.get("RELAYKIT_MODEL")
+    return parse_model(value) if value else None
+
+
+class Worker:
+    """Serve ``agents`` (and every agent they reach) on ``task_queue``.
+
+    ``default_model`` serves agents defined without a model; it defaults to ``RELAYKIT_MODEL``.
+    Extra ``workflows``/``activities`` let you run your own workflows (which may call
+    :func:`relaykit.run_agent`) on the same worker.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        agents: Agent | Sequence[Agent],
+        *,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        default_model: str | ModelSpec | None = None,
+        workflows: Sequence[type] = (),
+        activities: Sequence[Any] = (),
+        search_attributes: bool | None = None,
+        **worker_options: Any,
+    ) -> None:
+        roots = [agents] if isinstance(agents, Agent) else list(agents)
+        model = parse_model(default_model) if default_model else default_model_from_env()
+        self.graph = AgentGraph.build(roots, default_model=model)
+        self.client = client
+        self.task_queue = task_queue
+        self._workflows = list(workflows)
+        self._activities = list(activities)
+        self._search_attributes = search_attributes
+        self._options = worker_options
+        self._model_activities: ModelActivities | None = None
+        self._worker: TemporalWorker | None = None
+
+    async def _search_attributes_registered(self) -> bool:
+        """Upserting an unregistered search attribute fails every workflow task, so runs only
+        upsert relaykit's attributes when the namespace has them."""
+        from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+        try:
+            response = await self.client.operator_service.list_search_attributes(
+                ListSearchAttributesRequest(namespace=self.client.namespace)
+            )
+        except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
+            return False
+        known = set(response.custom_attributes)
+        return all(key.name in known for key in RELAY_SEARCH_ATTRIBUTES)
+
+    async def _build(self) -> TemporalWorker:
+        if self._worker is not None:
+            return self._worker
+        if self._search_attributes is None:
+            self.graph.search_attributes = await self._search_attributes_registered()
+        else:
+            self.graph.search_attributes = self._search_attributes
+        if any(
+            self.graph.model_for(agent).provider == "local" for agent in self.graph.agents.values()
+        ):
+            from relaykit.models.local_server import ensure_local_server
+
+            ensure_local_server()
+        registry.register(self.task_queue, self.graph)
+        self._model_activities = ModelActivities()
+        activities: list[Any] = [self._model_activities.model_call]
+        activities.extend(tool_activity(t) for t in self.graph.tools.values())
+        activities.extend(
+            handoff_activity(h) for h in self.graph.handoffs.values() if h.on_handoff is not None
+        )
+        activities.extend(self._activities)
+        options = dict(self._options)
+        options.setdefault("workflow_runner", sandbox_runner())
+        self._worker = TemporalWorker(
+            self.client,
+            task_queue=self.task_queue,
+            workflows=[AgentRun, *self._workflows],
+            activities=activities,
+            **options,
+        )
+        return self._worker
+
+    async def run(self) -> None:
+        """Run until cancelled (or until :meth:`shutdown`)."""
+        worker = await self._build()
+        try:
+            await worker.run()
+        finally:
+            await self._close()
+
+    async def shutdown(self) -> None:
+        if self._worker is not None:
+            await self._worker.shutdown()
+        await self._close()
+
+    async def _close(self) -> None:
+        registry.unregister(self.task_queue, self.graph)
+        if self._model_activities is not None:
+            await self._model_activities.aclose()
+            self._model_activities = None
+
+    async def __aenter__(self) -> Worker:
+        worker = await self._build()
+        await worker.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        assert self._worker is not None
+        try:
+            await self._worker.__aexit__(*exc_info)
+        finally:
+            await self._close()

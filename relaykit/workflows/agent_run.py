@@ -1,0 +1,146 @@
+"""``AgentRun``: the workflow that runs one agent run, started by agent name.
+
+It is a thin shell around :class:`relaykit.workflows.loop.TurnLoop`: it finds the agent graph the
+worker serves, exposes the loop's state to people (queries, the Temporal UI's current details and
+search attributes), and turns signals and updates into changes the loop applies at turn
+boundaries. The workflow type name, query/signal/update names and their payloads are
+compatibility data for runs in flight.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from relaykit import registry
+from relaykit.runs import (
+    ApprovalDecision,
+    PendingApproval,
+    RunEvent,
+    RunInput,
+    RunResult,
+    RunSnapshot,
+)
+from relaykit.search_attributes import RELAY_AGENT, RELAY_STATUS, RELAY_TOKENS
+from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, TurnLoop
+
+
+@workflow.defn(name=AGENT_RUN_WORKFLOW)
+class AgentRun:
+    @workflow.init
+    def __init__(self, input: RunInput) -> None:
+        graph = registry.graph_for(workflow.info().task_queue)
+        if graph is None:  # pragma: no cover - a relaykit Worker always registers its graph
+            raise RuntimeError("no relaykit agent graph registered for this task queue")
+        self._graph = graph
+        self._loop = TurnLoop(graph, input)
+        self._loop.on_change = self._publish
+        self._published: tuple[str, str, int] | None = None
+
+    @workflow.run
+    async def run(self, input: RunInput) -> RunResult:
+        return await self._loop.run()
+
+    # --- what people see ------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        """Keep the Temporal UI's current details and search attributes in step with the run."""
+        state = self._loop.state
+        key = (state.agent, state.status, state.usage.total_tokens)
+        if key == self._published:
+            return
+        details = [f"**agent:** {state.agent}  ·  **status:** {state.status}  ·  **turn:** {state.turn}"]
+        for pending in state.pending_approvals.values():
+            details.append(f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`)")
+        workflow.set_current_details("\n".join(details))
+        # One upsert per change of agent or status (not per turn: each is a history event).
+        if self._graph.search_attributes and (
+            self._published is None or key[:2] != self._published[:2]
+        ):
+            workflow.upsert_search_attributes(
+                [
+                    RELAY_AGENT.value_set(state.agent),
+                    RELAY_STATUS.value_set(state.status),
+                    RELAY_TOKENS.value_set(state.usage.total_tokens),
+                ]
+            )
+        self._published = key
+
+    @workflow.query
+    def state(self) -> RunSnapshot:
+        state = self._loop.state
+        return RunSnapshot(
+            status=state.status,
+            agent=state.agent,
+            turn=state.turn,
+            usage=state.usage,
+            pending_approvals=list(state.pending_approvals.values()),
+            paused=state.paused,
+            mailbox=len(state.mailbox),
+        )
+
+    @workflow.query
+    def current_agent(self) -> str:
+        return self._loop.state.agent
+
+    @workflow.query
+    def pending_approvals(self) -> list[PendingApproval]:
+        return list(self._loop.state.pending_approvals.values())
+
+    @workflow.query
+    def events(self, offset: int = 0) -> list[RunEvent]:
+        return self._loop.events_from(offset)
+
+    # --- approvals ------------------------------------------------------------------------------
+
+    @workflow.update
+    def approve(self, decision: ApprovalDecision) -> PendingApproval:
+        """Answer a pending approval; the caller learns at once whether it was accepted."""
+        pending = self._loop.state.pending_approvals[decision.call_id]
+        self._loop.answer_approval(decision)
+        return pending
+
+    @approve.validator
+    def _validate_approve(self, decision: ApprovalDecision) -> None:
+        self._loop.validate_approval(decision)
+
+    @workflow.signal(name="approve_signal")
+    def approve_signal(self, decision: ApprovalDecision) -> None:
+        """Fire-and-forget variant of :meth:`approve`; unknown or repeated answers are ignored."""
+        try:
+            self._loop.validate_approval(decision)
+        except ValueError as exc:
+            workflow.logger.warning("ignored approval: %s", exc)
+            return
+        self._loop.answer_approval(decision)
+
+    # --- mailbox, pause, resume -----------------------------------------------------------------
+
+    @workflow.update
+    def send_message(self, text: str) -> int:
+        """Queue a user message for the next turn boundary; returns its place in the queue."""
+        self._loop.state.mailbox.append(text)
+        return len(self._loop.state.mailbox)
+
+    @send_message.validator
+    def _validate_send_message(self, text: str) -> None:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("a message needs non-empty text")
+        if self._loop.state.status in ("completed", "failed", "cancelled"):
+            raise ValueError(f"the run has {self._loop.state.status}")
+
+    @workflow.signal(name="send_message_signal")
+    def send_message_signal(self, text: str) -> None:
+        if isinstance(text, str) and text.strip():
+            self._loop.state.mailbox.append(text)
+
+    @workflow.signal
+    def pause(self) -> None:
+        """Stop at the next turn boundary (no model call starts while paused)."""
+        self._loop.state.paused = True
+
+    @workflow.signal
+    def resume(self, text: str | None = None) -> None:
+        """Continue a paused run, optionally with a message for the model."""
+        if text:
+            self._loop.state.mailbox.append(text)
+        self._loop.state.paused = False
+

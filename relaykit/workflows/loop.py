@@ -1,0 +1,627 @@
+"""The turn loop: the only place that owns a run's mutable state.
+
+One turn = one model call (an activity) followed by the tool calls it asked for (activities,
+child workflows, or a handoff). The loop runs inside a Temporal workflow, so everything here is
+deterministic: the world is touched only through activities and child workflows, and time comes
+from ``workflow.now()``. After a crash, Temporal replays the history through this code and the
+run goes on without repeating any finished model or tool call.
+
+Turn boundaries are where the outside world gets in: injected messages enter the transcript,
+a pause takes effect, and background reports are delivered. Nothing from outside is applied in
+the middle of a turn.
+
+Where things live:
+- the handoff switch: :meth:`TurnLoop._run_handoff` (only here);
+- agent-as-tool child workflows: :meth:`TurnLoop._run_agent_tool`;
+- approvals: :meth:`TurnLoop._await_approval`;
+- how the transcript reaches the model: :mod:`relaykit.workflows.context`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+
+from relaykit import errors
+from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.graph import AgentGraph
+from relaykit.handoff import (
+    Handoff,
+    HandoffArgs,
+    HandoffCallbackInput,
+    HandoffInputData,
+    as_handoff,
+)
+from relaykit.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from relaykit.models.spec import ModelRequest, ModelSettings
+from relaykit.output import OutputType
+from relaykit.runs import (
+    ApprovalDecision,
+    EventKind,
+    PendingApproval,
+    RunEvent,
+    RunInput,
+    RunResult,
+    RunState,
+)
+from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
+from relaykit.workflows.context import ContextTransport, InlineTransport
+
+MODEL_ACTIVITY = "relaykit.model_call"
+"""Activity type of every model call (compatibility data: runs in flight depend on it)."""
+AGENT_RUN_WORKFLOW = "AgentRun"
+"""Workflow type of a run (compatibility data)."""
+
+MODEL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=8,
+)
+MAX_OUTPUT_RETRIES = 2
+MAX_EVENTS_KEPT = 2_000
+
+
+class TurnLoop:
+    """Runs one agent run to its end. Build it with the run's input; call :meth:`run`."""
+
+    def __init__(
+        self,
+        graph: AgentGraph,
+        run_input: RunInput,
+        *,
+        output_type: Any = None,
+        transport: ContextTransport | None = None,
+    ) -> None:
+        self.graph = graph
+        self.input = run_input
+        self.output_override = OutputType(output_type) if output_type is not None else None
+        self.transport = transport or InlineTransport()
+        self._output_types: dict[str, OutputType] = {}
+        if run_input.state is not None:
+            self.state = run_input.state
+        else:
+            self.state = RunState(
+                agent=run_input.agent,
+                run_path=[*run_input.run_path, run_input.agent],
+            )
+        self.on_change: Callable[[], None] | None = None
+        """Called after state a person can see changed (the workflow updates its UI details)."""
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        if self.state.agent not in self.graph.agents:
+            raise ApplicationError(
+                f"unknown agent {self.state.agent!r}; this worker serves: "
+                + ", ".join(sorted(self.graph.agents)),
+                type=errors.UNKNOWN_AGENT,
+                non_retryable=True,
+            )
+        if self.input.state is None:
+            self._start_transcript()
+        while True:
+            await self._turn_boundary()
+            if self.state.turn >= self.input.max_turns:
+                self._fail(
+                    f"the run reached max_turns={self.input.max_turns} without a final answer",
+                    errors.MAX_TURNS_EXCEEDED,
+                )
+            self.state.turn += 1
+            agent = self.current_agent
+            response = await self._call_model(agent)
+            message = response.message.model_copy(update={"agent": agent.name})
+            self.state.transcript.append(message)
+            if message.content:
+                self._emit("message", {"text": message.content})
+            self._check_budget()
+            if not message.tool_calls:
+                done, output = self._final_output(agent, message.content)
+                if done:
+                    return self._finish(output)
+                continue
+            await self._run_tool_calls(agent, message.tool_calls)
+
+    @property
+    def current_agent(self) -> Agent:
+        return self.graph.agent(self.state.agent)
+
+    def _start_transcript(self) -> None:
+        given = self.input.input
+        if isinstance(given, str):
+            self.state.transcript.append(Message.user(given))
+        else:
+            self.state.transcript.extend(given)
+        self._emit("run_started", {"input": given if isinstance(given, str) else len(given)})
+
+    async def _turn_boundary(self) -> None:
+        """Apply what arrived from outside since the last turn (pause, injected messages)."""
+        if self.state.paused:
+            self._set_status("paused")
+            await workflow.wait_condition(lambda: not self.state.paused)
+            self._set_status("running")
+        while self.state.mailbox:
+            text = self.state.mailbox.pop(0)
+            self.state.transcript.append(Message.user(text))
+            self._emit("message_injected", {"text": text})
+
+    # --- model calls ----------------------------------------------------------------------------
+
+    def _output_type_for(self, agent: Agent) -> OutputType | None:
+        if self.output_override is not None:
+            return self.output_override
+        if agent.output_type is None:
+            return None
+        if agent.name not in self._output_types:
+            self._output_types[agent.name] = OutputType(agent.output_type)
+        return self._output_types[agent.name]
+
+    def tool_specs(self, agent: Agent) -> list[ToolSpec]:
+        specs = [entry.spec for entry in agent.tools]
+        specs.extend(as_handoff(entry).spec for entry in agent.handoffs)
+        return specs
+
+    def system_prompt(self, agent: Agent) -> str:
+        ctx = RunContext(
+            agent=agent.name,
+            turn=self.state.turn,
+            workflow_id=workflow.info().workflow_id,
+            run_path=self.state.run_path,
+            context=self.input.context,
+        )
+        parts = [agent.render_instructions(ctx)]
+        if self.input.extra_instructions:
+            parts.append(self.input.extra_instructions)
+        return "\n\n".join(part for part in parts if part)
+
+    def build_request(self, agent: Agent) -> ModelRequest:
+        output = self._output_type_for(agent)
+        return ModelRequest(
+            model=self.graph.model_for(agent),
+            system=self.system_prompt(agent),
+            messages=self.transport.messages_for_request(self.state.transcript),
+            tools=self.tool_specs(agent),
+            output=output.spec if output else None,
+            settings=agent.model_settings or ModelSettings(),
+        )
+
+    async def _call_model(self, agent: Agent) -> ModelResponse:
+        request = self.build_request(agent)
+        spec = request.model
+        try:
+            response = await workflow.execute_activity(
+                MODEL_ACTIVITY,
+                request,
+                result_type=ModelResponse,
+                start_to_close_timeout=timedelta(seconds=spec.timeout_seconds + 30),
+                heartbeat_timeout=timedelta(seconds=60) if spec.stream else None,
+                retry_policy=MODEL_RETRY,
+                summary=f"{agent.name} · turn {self.state.turn} · {spec.label}",
+            )
+        except ActivityError as exc:
+            cause = exc.cause
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
+            self._fail(
+                f"model call failed for agent {agent.name!r} at turn {self.state.turn}: {detail}",
+                kind or errors.MODEL_CALL_FAILED,
+            )
+        self.state.usage = self.state.usage + response.usage
+        return response
+
+    def _final_output(self, agent: Agent, text: str) -> tuple[bool, Any]:
+        output_type = self._output_type_for(agent)
+        if output_type is None:
+            return True, text
+        try:
+            return True, output_type.dump(output_type.parse(text))
+        except ValueError as exc:
+            self.state.output_retries += 1
+            if self.state.output_retries > MAX_OUTPUT_RETRIES:
+                self._fail(
+                    f"the final answer of {agent.name!r} did not match its output type after "
+                    f"{MAX_OUTPUT_RETRIES} retries: {exc}",
+                    errors.OUTPUT_VALIDATION_FAILED,
+                )
+            self.state.transcript.append(
+                Message.user(
+                    f"Your answer did not match the required JSON schema: {exc}. "
+                    "Answer again with only JSON that matches the schema."
+                )
+            )
+            self._emit("error", {"kind": "output_validation", "message": str(exc)})
+            return False, None
+
+    def _finish(self, output: Any) -> RunResult:
+        self._emit("final", {"output": output})
+        self._set_status("completed")
+        return RunResult(
+            output=output,
+            final_agent=self.state.agent,
+            usage=self.state.usage,
+            turns=self.state.turn,
+            transcript=self.state.transcript,
+        )
+
+    # --- budget ---------------------------------------------------------------------------------
+
+    def _check_budget(self) -> None:
+        budget = self.input.budget
+        if budget is None:
+            return
+        usage = self.state.usage
+        if budget.max_total_tokens is not None and usage.total_tokens > budget.max_total_tokens:
+            self._fail(
+                f"token budget exceeded: {usage.total_tokens} > {budget.max_total_tokens}",
+                errors.BUDGET_EXCEEDED,
+            )
+        if budget.max_requests is not None and usage.requests > budget.max_requests:
+            self._fail(
+                f"request budget exceeded: {usage.requests} > {budget.max_requests}",
+                errors.BUDGET_EXCEEDED,
+            )
+
+    def remaining_budget(self, child: Budget | None) -> Budget | None:
+        """A child's budget: its own per-call limit, tightened by what this run has left."""
+        mine = self.input.budget
+        if mine is None:
+            return child
+        used = self.state.usage
+        left_tokens = (
+            None if mine.max_total_tokens is None else max(mine.max_total_tokens - used.total_tokens, 0)
+        )
+        left_requests = (
+            None if mine.max_requests is None else max(mine.max_requests - used.requests, 0)
+        )
+
+        def tighter(a: int | None, b: int | None) -> int | None:
+            return b if a is None else a if b is None else min(a, b)
+
+        return Budget(
+            max_total_tokens=tighter(child.max_total_tokens if child else None, left_tokens),
+            max_requests=tighter(child.max_requests if child else None, left_requests),
+        )
+
+    def _fail(self, message: str, kind: str) -> Any:
+        """End the run with a typed, non-retryable error that carries the usage so far."""
+        self._emit("error", {"kind": kind, "message": message})
+        self._set_status("failed")
+        raise ApplicationError(
+            message, self.state.usage.model_dump(), type=kind, non_retryable=True
+        )
+
+    # --- tool calls -----------------------------------------------------------------------------
+
+    async def _run_tool_calls(self, agent: Agent, calls: list[ToolCall]) -> None:
+        """Run one turn's calls: ordinary calls concurrently, then the first handoff as a
+        barrier; results go back in call order."""
+        handoffs = {as_handoff(h).tool_name: as_handoff(h) for h in agent.handoffs}
+        first_handoff: tuple[int, ToolCall, Handoff] | None = None
+        results: list[Message | None] = [None] * len(calls)
+        concurrent: list[tuple[int, Any]] = []
+        for index, call in enumerate(calls):
+            self._emit("tool_call", {"call_id": call.id, "name": call.name, "arguments": call.arguments})
+            handoff = handoffs.get(call.name)
+            if handoff is not None:
+                if first_handoff is None:
+                    first_handoff = (index, call, handoff)
+                else:
+                    results[index] = self._tool_message(
+                        call,
+                        "Rejected: only the first handoff of a turn runs; the conversation is "
+                        f"already being handed over by {first_handoff[1].name}.",
+                        is_error=True,
+                    )
+                continue
+            concurrent.append((index, self._run_one_call(agent, call)))
+        outcomes = await asyncio.gather(*(coro for _, coro in concurrent))
+        for (index, _), outcome in zip(concurrent, outcomes):
+            results[index] = outcome
+        if first_handoff is not None:
+            index, call, handoff = first_handoff
+            results[index] = await self._run_handoff(agent, call, handoff)
+        for message in results:
+            assert message is not None
+            self.state.transcript.append(message)
+            self._emit(
+                "tool_result",
+                {
+                    "call_id": message.tool_call_id,
+                    "name": message.name,
+                    "content": _head(message.content),
+                    "is_error": message.is_error,
+                },
+            )
+        if first_handoff is not None and results[first_handoff[0]] is not None:
+            pending = self._pending_switch
+            if pending is not None:
+                self._switch_agent(*pending)
+
+    def _tool_message(self, call: ToolCall, content: str, *, is_error: bool = False) -> Message:
+        return Message.tool_result(call, content, is_error=is_error).model_copy(
+            update={"agent": self.state.agent}
+        )
+
+    async def _run_one_call(self, agent: Agent, call: ToolCall) -> Message:
+        entry = next((t for t in agent.tools if t.name == call.name), None)
+        if entry is None:
+            known = ", ".join(spec.name for spec in self.tool_specs(agent)) or "none"
+            return self._tool_message(
+                call,
+                f"Unknown tool {call.name!r}. Available tools: {known}.",
+                is_error=True,
+            )
+        if isinstance(entry, AgentTool):
+            return await self._run_agent_tool(entry, call)
+        try:
+            arguments = entry.parse_arguments(call.arguments)
+        except ValueError as exc:
+            return self._tool_message(call, str(exc), is_error=True)
+        if entry.requires_approval(arguments.model_dump()):
+            decision = await self._await_approval(agent, entry, call)
+            if not decision.approved:
+                reason = f": {decision.reason}" if decision.reason else ""
+                return self._tool_message(
+                    call, f"The call was rejected by a person{reason}.", is_error=True
+                )
+        return await self._execute_tool(agent, entry, call)
+
+    async def _execute_tool(self, agent: Agent, entry: Tool, call: ToolCall) -> Message:
+        invocation = ToolInvocation(
+            call_id=call.id,
+            arguments=call.arguments,
+            agent=agent.name,
+            workflow_id=workflow.info().workflow_id,
+            run_path=self.state.run_path,
+        )
+        try:
+            outcome = await workflow.execute_activity(
+                entry.name,
+                invocation,
+                result_type=ToolOutcome,
+                start_to_close_timeout=entry.timeout,
+                heartbeat_timeout=entry.heartbeat_timeout,
+                retry_policy=entry.retry,
+                task_queue=entry.task_queue,
+                summary=summarize_call(entry.name, call.arguments),
+            )
+        except ActivityError as exc:
+            cause = exc.cause
+            detail = getattr(cause, "message", None) or str(exc)
+            return self._tool_message(
+                call, f"Tool {entry.name!r} failed and was not retried further: {detail}", is_error=True
+            )
+        return self._tool_message(call, outcome.content, is_error=outcome.is_error)
+
+    # --- approvals ------------------------------------------------------------------------------
+
+    async def _await_approval(self, agent: Agent, entry: Tool, call: ToolCall) -> ApprovalDecision:
+        """Wait (durably, at no cost) for a person to approve or reject ``call``."""
+        if call.id in self.state.decisions:  # answered before a continue-as-new
+            return self.state.decisions.pop(call.id)
+        pending = PendingApproval(
+            call_id=call.id,
+            tool=entry.name,
+            arguments=call.arguments,
+            agent=agent.name,
+            run_path=self.state.run_path,
+            turn=self.state.turn,
+            requested_at=workflow.now(),
+        )
+        self.state.pending_approvals[call.id] = pending
+        self._emit("approval_requested", pending.model_dump(mode="json"))
+        self._set_status("waiting_approval")
+        try:
+            await workflow.wait_condition(
+                lambda: call.id in self.state.decisions, timeout=entry.approval_timeout
+            )
+            decision = self.state.decisions.pop(call.id)
+        except asyncio.TimeoutError:
+            decision = ApprovalDecision(call_id=call.id, approved=False, reason="approval timed out")
+        self.state.pending_approvals.pop(call.id, None)
+        self._emit("approval_answered", decision.model_dump(mode="json"))
+        if not self.state.pending_approvals:
+            self._set_status("running")
+        return decision
+
+    def answer_approval(self, decision: ApprovalDecision) -> None:
+        """Record a person's answer (from the approve update or signal)."""
+        self.state.decisions[decision.call_id] = decision
+
+    def validate_approval(self, decision: ApprovalDecision) -> None:
+        if decision.call_id not in self.state.pending_approvals:
+            waiting = ", ".join(self.state.pending_approvals) or "none"
+            raise ValueError(
+                f"no pending approval with call id {decision.call_id!r} (waiting: {waiting})"
+            )
+        if decision.call_id in self.state.decisions:
+            raise ValueError(f"call {decision.call_id!r} was already answered")
+
+    # --- handoff --------------------------------------------------------------------------------
+
+    _pending_switch: tuple[Handoff, str | None] | None = None
+
+    async def _run_handoff(self, agent: Agent, call: ToolCall, handoff: Handoff) -> Message:
+        """Validate the handoff and run its ``on_handoff``; the switch itself waits for the end
+        of the turn (:meth:`_switch_agent`)."""
+        self._pending_switch = None
+        try:
+            args = HandoffArgs.model_validate_json(call.arguments or "{}")
+        except ValueError:
+            args = HandoffArgs()
+        if handoff.on_handoff is not None:
+            try:
+                await workflow.execute_activity(
+                    handoff.tool_name,
+                    HandoffCallbackInput(
+                        source=agent.name,
+                        target=handoff.target.name,
+                        reason=args.reason,
+                        turn=self.state.turn,
+                        workflow_id=workflow.info().workflow_id,
+                    ),
+                    start_to_close_timeout=timedelta(minutes=1),
+                    summary=f"{agent.name} → {handoff.target.name}",
+                )
+            except ActivityError as exc:
+                detail = getattr(exc.cause, "message", None) or str(exc)
+                return self._tool_message(
+                    call, f"The handoff did not happen: on_handoff failed: {detail}", is_error=True
+                )
+        self._pending_switch = (handoff, args.reason)
+        return self._tool_message(
+            call, json.dumps({"assistant": handoff.target.name}), is_error=False
+        )
+
+    def _switch_agent(self, handoff: Handoff, reason: str | None) -> None:
+        self._pending_switch = None
+        source = self.state.agent
+        target = handoff.target.name
+        if handoff.input_filter is not None:
+            self.state.transcript = list(
+                handoff.input_filter(
+                    HandoffInputData(source=source, target=target, history=self.state.transcript)
+                )
+            )
+        self.state.agent = target
+        self.state.output_retries = 0
+        self.state.run_path = [*self.state.run_path, target]
+        self._emit(
+            "handoff",
+            {"from": source, "to": target, "reason": reason, "turn": self.state.turn},
+            agent=source,
+        )
+
+    # --- agent as tool --------------------------------------------------------------------------
+
+    async def _run_agent_tool(self, entry: AgentTool, call: ToolCall) -> Message:
+        """Run the sub-agent as a child workflow; its output becomes the tool result."""
+        try:
+            prompt = json.loads(call.arguments or "{}").get("input")
+        except (ValueError, AttributeError):
+            prompt = None
+        if not isinstance(prompt, str) or not prompt.strip():
+            return self._tool_message(
+                call, f'{entry.name} needs a string argument "input" with the task.', is_error=True
+            )
+        info = workflow.info()
+        child_input = RunInput(
+            agent=entry.agent.name,
+            input=prompt,
+            max_turns=entry.max_turns,
+            budget=self.remaining_budget(entry.budget),
+            extra_instructions=self.input.extra_instructions,
+            context=self.input.context,
+            run_path=self.state.run_path,
+        )
+        try:
+            result: RunResult = await workflow.execute_child_workflow(
+                AGENT_RUN_WORKFLOW,
+                child_input,
+                id=f"{info.workflow_id}/{call.id}",
+                result_type=RunResult,
+                task_queue=info.task_queue,
+                static_summary=f"{entry.agent.name} (for {self.state.agent}): {_head(prompt, 120)}",
+            )
+        except ChildWorkflowError as exc:
+            cause = exc.cause
+            usage = _usage_from_failure(cause)
+            self.state.usage = self.state.usage + usage
+            self._check_budget()
+            detail = getattr(cause, "message", None) or str(exc)
+            return self._tool_message(
+                call, f"The {entry.agent.name} agent did not finish: {detail}", is_error=True
+            )
+        self.state.usage = self.state.usage + result.usage
+        self._check_budget()
+        content = result.output if isinstance(result.output, str) else json.dumps(result.output)
+        return self._tool_message(call, content)
+
+    # --- events and status ----------------------------------------------------------------------
+
+    def _emit(self, kind: EventKind, data: dict[str, Any], *, agent: str | None = None) -> None:
+        events = self.state.events
+        events.append(
+            RunEvent(
+                seq=self.state.event_offset + len(events),
+                kind=kind,
+                agent=agent or self.state.agent,
+                turn=self.state.turn,
+                run_path=list(self.state.run_path),
+                data=data,
+                at=workflow.now(),
+            )
+        )
+        if len(events) > MAX_EVENTS_KEPT:
+            drop = len(events) - MAX_EVENTS_KEPT
+            del events[:drop]
+            self.state.event_offset += drop
+        if self.on_change is not None:
+            self.on_change()
+
+    def events_from(self, offset: int) -> list[RunEvent]:
+        start = max(offset - self.state.event_offset, 0)
+        return self.state.events[start:]
+
+    def _set_status(self, status: Any) -> None:
+        self.state.status = status
+        if self.on_change is not None:
+            self.on_change()
+
+
+def _head(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _usage_from_failure(cause: BaseException | None) -> Usage:
+    """Child runs put their usage in the details of their failure (see ``TurnLoop._fail``)."""
+    if isinstance(cause, ApplicationError) and cause.details:
+        try:
+            return Usage.model_validate(cause.details[0])
+        except ValueError:
+            pass
+    return Usage()
+
+
+async def run_agent(
+    agent: Agent,
+    input: str | list[Message],
+    *,
+    max_turns: int = 50,
+    budget: Budget | None = None,
+    output_type: Any = None,
+    extra_instructions: str | None = None,
+    context: dict[str, Any] | None = None,
+) -> RunResult:
+    """Run ``agent`` to its end from inside any Temporal workflow.
+
+    Compose agents in plain Python in your own workflows (chains, routers, evaluator loops); every
+    model and tool call is still an activity. The worker must serve ``agent`` (pass it, or an agent
+    that reaches it, to :class:`relaykit.Worker`) so its tools are registered.
+    """
+    from relaykit import registry
+
+    served = registry.graph_for(workflow.info().task_queue)
+    graph = served if served is not None and agent.name in served.agents else None
+    if graph is None or graph.agents[agent.name] is not agent:
+        graph = AgentGraph.build([agent], default_model=served.default_model if served else None)
+    loop = TurnLoop(
+        graph,
+        RunInput(
+            agent=agent.name,
+            input=input,
+            max_turns=max_turns,
+            budget=budget,
+            extra_instructions=extra_instructions,
+            context=context or {},
+        ),
+        output_type=output_type,
+    )
+    return await loop.run()
