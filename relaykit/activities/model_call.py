@@ -30,5 +30,5 @@ class ModelActivities:
 
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:
-        heartbeat = activity.heartbeat if request.model.stream else None
-        return await call_model(request, http=self.http, heartbeat=heartbeat)
+        # Heartbeats let Temporal notice a dead worker long before the call's timeout.
+        return await call_model(request, http=self.http, heartbeat=activity.heartbeat)

@@ -51,6 +51,9 @@ class ModelSpec(BaseModel):
     api_key_env: str | None = None
     """Name of the environment variable holding the key (never the key itself)."""
     timeout_seconds: float = 120.0
+    heartbeat_timeout_seconds: float = 30.0
+    """A model call whose worker stops heartbeating this long is retried elsewhere (how fast a
+    crashed worker's call is noticed)."""
     tool_calls: Literal["native", "constrained"] = "native"
     stream: bool = False
     """Read the provider's SSE stream (token deltas are published while the model writes)."""

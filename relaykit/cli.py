@@ -1,0 +1,357 @@
+"""The ``relaykit`` command line.
+
+Every command talks to Temporal through Temporal's own environment configuration
+(``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, profiles), so existing setups just work. Bad input
+(an unknown agent, module or run, an unreachable server) gives one clear line on stderr and a
+non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from relaykit.client import DEFAULT_TASK_QUEUE, RunHandle, connect, get_run, start_run
+from relaykit.errors import RelaykitError, RunFailed
+
+app = typer.Typer(
+    name="relaykit",
+    help="Durable multi-agent LLM runs on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+T = TypeVar("T")
+
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="Temporal frontend (default: TEMPORAL_ADDRESS or localhost:7233)")
+]
+NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="Temporal namespace")]
+TaskQueueOpt = Annotated[str, typer.Option("--task-queue", "-q", help="Task queue of the worker")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text")]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None]:
+    """Run an async command and turn relaykit/Temporal errors into one clear line."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        try:
+            return asyncio.run(fn(*args, **kwargs))
+        except RunFailed as exc:
+            _fail(f"run failed ({exc.type or 'error'}): {exc.message}")
+        except RelaykitError as exc:
+            _fail(str(exc))
+        except RPCError as exc:
+            _fail(f"Temporal: {exc.message}")
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        return None
+
+    return wrapper
+
+
+async def _client(address: str | None, namespace: str | None) -> Client:
+    return await connect(address, namespace=namespace)
+
+
+def ui_base() -> str:
+    return os.environ.get("RELAYKIT_UI_URL", "http://localhost:8233").rstrip("/")
+
+
+def ui_url(workflow_id: str, namespace: str = "default") -> str:
+    from urllib.parse import quote
+
+    return f"{ui_base()}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
+
+
+async def _handle(run_id: str, address: str | None, namespace: str | None) -> RunHandle:
+    client = await _client(address, namespace)
+    handle = get_run(client, run_id)
+    try:
+        await handle.workflow.describe()
+    except RPCError as exc:
+        raise RelaykitError(
+            f"no run with id {run_id!r} in namespace {client.namespace!r}",
+            hint="`temporal workflow list` shows the runs that exist",
+        ) from exc
+    return handle
+
+
+def _print_result(result: Any, as_json: bool) -> None:
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    output = result.output if isinstance(result.output, str) else json.dumps(result.output, indent=2)
+    console.print(output, highlight=False, markup=False)
+    err_console.print(
+        f"[dim]agent {result.final_agent} · {result.turns} turns · {result.usage.requests} "
+        f"model calls · {result.usage.input_tokens} in / {result.usage.output_tokens} out tokens[/dim]"
+    )
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+@app.command()
+@command
+async def worker(
+    target: Annotated[str, typer.Argument(help="MODULE or MODULE:ATTR (an agent or a list of agents)")],
+    task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Run a worker serving the agents of a module (and every agent they reach)."""
+    from relaykit.loading import load_agents
+    from relaykit.worker import Worker
+
+    agents = load_agents(target)
+    client = await _client(address, namespace)
+    served = Worker(client, agents, task_queue=task_queue)
+    err_console.print(
+        f"worker on task queue [bold]{task_queue}[/bold] serving: "
+        + ", ".join(sorted(served.graph.agents))
+    )
+    await served.run()
+
+
+@app.command()
+@command
+async def run(
+    agent: Annotated[str, typer.Argument(help="Name of the agent that starts the run")],
+    prompt: Annotated[str, typer.Argument(help="The task")],
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="Wait for the result")] = False,
+    as_json: JsonOpt = False,
+    task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
+    run_id: Annotated[str | None, typer.Option("--id", help="Workflow id for the run")] = None,
+    max_turns: Annotated[int, typer.Option(help="Stop after this many model turns")] = 50,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Start a run; print its id (or, with --wait, its result)."""
+    client = await _client(address, namespace)
+    handle = await start_run(
+        client, agent, prompt, task_queue=task_queue, id=run_id, max_turns=max_turns
+    )
+    if wait:
+        _print_result(await handle.result(), as_json)
+        return
+    try:  # surface immediate failures (an agent the worker does not serve) as an error
+        await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
+    except asyncio.TimeoutError:
+        pass
+    if as_json:
+        print(json.dumps({"run_id": handle.id, "ui_url": ui_url(handle.id, client.namespace)}))
+    else:
+        print(handle.id)
+        err_console.print(f"[dim]{ui_url(handle.id, client.namespace)}[/dim]")
+
+
+@app.command()
+@command
+async def result(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Wait for a run's result and print it."""
+    handle = await _handle(run_id, address, namespace)
+    _print_result(await handle.result(), as_json)
+
+
+@app.command("ui-url")
+def ui_url_command(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    namespace: Annotated[str, typer.Option(help="Temporal namespace")] = "default",
+) -> None:
+    """Print the Temporal UI link of a run (base: RELAYKIT_UI_URL, default localhost:8233)."""
+    print(ui_url(run_id, os.environ.get("TEMPORAL_NAMESPACE", namespace)))
+
+
+@app.command()
+@command
+async def pending(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """List the tool calls of a run waiting for approval."""
+    handle = await _handle(run_id, address, namespace)
+    approvals = await handle.pending_approvals()
+    if as_json:
+        print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
+        return
+    if not approvals:
+        err_console.print("no pending approvals")
+    for item in approvals:
+        print(f"{item.call_id}\t{item.agent}\t{item.tool}({item.arguments})")
+
+
+@app.command()
+@command
+async def approve(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    call_id: Annotated[str, typer.Argument(help="Tool call id (see `relaykit pending`)")],
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve")] = False,
+    reason: Annotated[str | None, typer.Option(help="Reason the model will read")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Approve (or --reject) a tool call waiting for a person."""
+    handle = await _handle(run_id, address, namespace)
+    from temporalio.client import WorkflowUpdateFailedError
+
+    try:
+        item = await handle.approve(call_id, approved=not reject, reason=reason)
+    except WorkflowUpdateFailedError as exc:
+        raise RelaykitError(str(getattr(exc.cause, "message", exc.cause))) from None
+    print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
+
+
+@app.command()
+@command
+async def send(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    text: Annotated[str, typer.Argument(help="Message for the model, at the next turn")],
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Inject a user message into a running run."""
+    handle = await _handle(run_id, address, namespace)
+    from temporalio.client import WorkflowUpdateFailedError
+
+    try:
+        await handle.send_message(text)
+    except WorkflowUpdateFailedError as exc:
+        raise RelaykitError(str(getattr(exc.cause, "message", exc.cause))) from None
+    print("queued")
+
+
+@app.command()
+@command
+async def pause(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Pause a run at its next turn boundary."""
+    await (await _handle(run_id, address, namespace)).pause()
+    print("pause requested")
+
+
+@app.command()
+@command
+async def resume(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    text: Annotated[str | None, typer.Argument(help="Optional message for the model")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Resume a paused run, optionally with a message."""
+    await (await _handle(run_id, address, namespace)).resume(text)
+    print("resumed")
+
+
+@app.command()
+@command
+async def cancel(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Cancel a run (and its child runs and in-flight activities)."""
+    await (await _handle(run_id, address, namespace)).cancel()
+    print("cancel requested")
+
+
+@app.command()
+@command
+async def events(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    offset: Annotated[int, typer.Option("--from", help="First event sequence number")] = 0,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Print a run's event log."""
+    handle = await _handle(run_id, address, namespace)
+    for event in await handle.events(offset):
+        if as_json:
+            print(event.model_dump_json())
+        else:
+            path = "/".join(event.run_path)
+            print(f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} {json.dumps(event.data)[:120]}")
+
+
+@app.command()
+def dev(
+    target: Annotated[
+        str, typer.Argument(help="MODULE[:ATTR] whose agents the worker serves")
+    ] = "examples.demo",
+    port: Annotated[int, typer.Option(help="Temporal frontend port")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Temporal UI port")] = 8233,
+    data_dir: Annotated[str, typer.Option(help="Where the server keeps its SQLite file")] = ".relaykit",
+    task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
+) -> None:
+    """Start the embedded Temporal server (with its UI) and a worker; Ctrl-C stops both."""
+    from relaykit.dev import run_dev
+
+    try:
+        asyncio.run(run_dev(target, port=port, ui_port=ui_port, data_dir=data_dir, task_queue=task_queue))
+    except KeyboardInterrupt:
+        err_console.print("stopped")
+    except RelaykitError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(help="Temporal frontend port")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Temporal UI port")] = 8233,
+    data_dir: Annotated[str, typer.Option(help="Where the server keeps its SQLite file")] = ".relaykit",
+    stay: Annotated[
+        bool | None, typer.Option("--stay/--exit", help="Keep the server and UI up afterwards")
+    ] = None,
+) -> None:
+    """Run the quick-start demo: embedded server, worker and one multi-step run."""
+    from relaykit.dev import run_demo
+
+    try:
+        asyncio.run(run_demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay))
+    except KeyboardInterrupt:
+        err_console.print("stopped")
+    except RunFailed as exc:
+        _fail(f"run failed ({exc.type or 'error'}): {exc.message}")
+    except RelaykitError as exc:
+        _fail(str(exc))
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # e.g. `relaykit events RUN | head`
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

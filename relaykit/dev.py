@@ -1,0 +1,168 @@
+"""``relaykit dev`` and ``relaykit demo``: the embedded Temporal server, a worker and (for the
+demo) one run, in one process tree, stopped cleanly on Ctrl-C.
+
+Which model serves agents defined without one is decided here, from the environment, and said
+plainly: ``RELAYKIT_MODEL``; else OpenAI when ``OPENAI_API_KEY``/``OPENAI_BASE_URL`` is set; else
+Anthropic when ``ANTHROPIC_API_KEY`` is set; else the bundled local model when it is installed;
+else a scripted stand-in (labelled as such) so the quick start always runs offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from relaykit.client import connect, start_run
+from relaykit.devserver import DevServer, PortInUseError
+from relaykit.errors import ConfigurationError
+from relaykit.loading import load_agents
+from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.worker import Worker
+
+console = Console(stderr=True, soft_wrap=True)
+
+SCRIPTED_MODEL_NAME = "relaykit-scripted"
+LOCAL_MODEL_NOTE = (
+    "tiny local model: expect weak answers; set OPENAI_API_KEY or OPENAI_BASE_URL for a real one"
+)
+
+
+@dataclass
+class ModelChoice:
+    spec: ModelSpec | None
+    """``None``: the scripted stand-in serves the run."""
+    label: str
+
+
+def local_model_available() -> bool:
+    try:
+        from relaykit.models.local_server import find_bundled_model
+
+        find_bundled_model()
+        import importlib.util
+
+        return importlib.util.find_spec("xllamacpp") is not None
+    except Exception:  # noqa: BLE001 - any failure means: not usable here
+        return False
+
+
+def choose_model(env: dict[str, str] | None = None, *, allow_local: bool = True) -> ModelChoice:
+    env = dict(os.environ if env is None else env)
+    if env.get("RELAYKIT_MODEL") == "scripted":
+        return ModelChoice(None, "scripted stand-in model (RELAYKIT_MODEL=scripted: no LLM)")
+    if env.get("RELAYKIT_MODEL"):
+        spec = parse_model(env["RELAYKIT_MODEL"])
+        return ModelChoice(spec, f"{spec.provider}:{spec.name} (RELAYKIT_MODEL)")
+    if env.get("OPENAI_BASE_URL") and not env.get("OPENAI_API_KEY"):
+        raise ConfigurationError(
+            "OPENAI_BASE_URL is set but no model name is",
+            hint="set RELAYKIT_MODEL to the model your server serves, e.g. RELAYKIT_MODEL=llama3.2",
+        )
+    if env.get("OPENAI_API_KEY"):
+        return ModelChoice(parse_model("openai:gpt-4.1-mini"), "openai:gpt-4.1-mini")
+    if env.get("ANTHROPIC_API_KEY"):
+        return ModelChoice(
+            parse_model("anthropic:claude-sonnet-4-5"), "anthropic:claude-sonnet-4-5"
+        )
+    if allow_local and local_model_available():
+        return ModelChoice(parse_model("local:smollm2"), f"local:smollm2 ({LOCAL_MODEL_NOTE})")
+    return ModelChoice(
+        None,
+        "scripted stand-in model (no LLM: a script plays the model; set OPENAI_API_KEY, "
+        "OPENAI_BASE_URL + RELAYKIT_MODEL, or ANTHROPIC_API_KEY for a real one)",
+    )
+
+
+def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
+    server = DevServer(port=port, ui_port=ui_port, data_dir=data_dir)
+    try:
+        return server.start()
+    except PortInUseError as exc:
+        raise ConfigurationError(
+            str(exc.message), hint="is `relaykit dev` already running? pass --port/--ui-port"
+        ) from None
+
+
+def _scripted_server(responder: object) -> object:
+    from relaykit.testing.scripted_server import ScriptedModelServer
+
+    server = ScriptedModelServer(fallback=responder)  # type: ignore[arg-type]
+    server.start()
+    return server
+
+
+async def _serve(
+    stack: AsyncExitStack, target: str, port: int, ui_port: int, data_dir: str, task_queue: str,
+    scripted_responder: object,
+) -> tuple[DevServer, Worker, ModelChoice]:
+    agents = load_agents(target)
+    choice = choose_model()
+    spec = choice.spec
+    if spec is None:
+        scripted = _scripted_server(scripted_responder)
+        stack.callback(scripted.stop)  # type: ignore[attr-defined]
+        spec = ModelSpec(
+            provider="openai",
+            name=SCRIPTED_MODEL_NAME,
+            base_url=f"{scripted.base_url}/v1",  # type: ignore[attr-defined]
+        )
+    console.print("starting the embedded Temporal server…")
+    server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
+    stack.callback(server.stop)
+    client = await connect(server.address)
+    worker = Worker(client, agents, task_queue=task_queue, default_model=spec)
+    await stack.enter_async_context(worker)
+    console.print(f"Temporal UI: [bold]{server.ui_url}[/bold]  ·  frontend {server.address}")
+    console.print(f"model: [bold]{choice.label}[/bold]")
+    console.print(
+        f"worker on task queue [bold]{task_queue}[/bold] serving: "
+        + ", ".join(sorted(worker.graph.agents))
+    )
+    return server, worker, choice
+
+
+async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
+    from relaykit.testing.scripted_server import echo
+
+    async with AsyncExitStack() as stack:
+        await _serve(stack, target, port, ui_port, data_dir, task_queue, echo)
+        console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
+        await asyncio.Event().wait()
+
+
+async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None) -> None:
+    """Serve examples/demo.py, run it once, print the result and the run's UI link."""
+    from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
+
+    task_queue = "relaykit-demo"
+    async with AsyncExitStack() as stack:
+        server, worker, choice = await _serve(
+            stack, "examples.demo:travel_assistant", port, ui_port, data_dir, task_queue,
+            scripted_demo,
+        )
+        handle = await start_run(worker.client, travel_assistant, DEMO_PROMPT, task_queue=task_queue)
+        console.print(f"\nrun [bold]{handle.id}[/bold] started — follow it in the Temporal UI:")
+        print(server.ui_link(handle.id), flush=True)
+        console.print(f"[dim]prompt: {DEMO_PROMPT}[/dim]\n")
+        result = await handle.result()
+        for message in result.transcript:
+            for tool_call in message.tool_calls:
+                console.print(f"  [cyan]→ {tool_call.name}[/cyan]({tool_call.arguments})")
+            if message.role == "tool":
+                console.print(f"  [green]← {message.name}[/green]: {message.content[:100]}")
+        print(f"\n{result.output}\n", flush=True)
+        console.print(
+            f"served by {choice.label}\n{result.turns} turns · {result.usage.requests} model "
+            f"calls · {result.usage.total_tokens} tokens · agent {result.final_agent}"
+        )
+        console.print(f"run in the Temporal UI: {server.ui_link(handle.id)}")
+        if stay is None:
+            stay = sys.stdin.isatty() and not os.environ.get("CI")
+        if stay:
+            console.print("\nthe server and UI stay up; Ctrl-C stops them")
+            await asyncio.Event().wait()

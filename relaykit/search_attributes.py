@@ -1,0 +1,151 @@
+"""The custom search attributes relaykit writes on its runs.
+
+They let people find runs in the Temporal UI and with ``temporal workflow list --query`` (for
+example ``RelayStatus = 'waiting_approval'`` or ``RelayTokens > 100000``), and let a parent run's
+children be listed with ``RelayParentRun = '<workflow id>'``.
+
+A Temporal cluster rejects a workflow that sets a search attribute it does not know, so every
+attribute here must be registered on the namespace before a worker with search attributes
+enabled runs:
+
+- the embedded dev server (:class:`relaykit.devserver.DevServer`) passes them to
+  ``temporal server start-dev --search-attribute NAME=Type`` and checks them again once it is up;
+- a production cluster needs them registered once per namespace, by an operator::
+
+      temporal operator search-attribute create --namespace default \\
+          --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
+          --name RelayTokens --type Int --name RelayParentRun --type Keyword
+
+  (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
+  from a client that is allowed to call the operator service; the repository's
+  ``docker-compose.yml`` runs it in a one-shot setup container.)
+
+Registering is idempotent when the type matches. Renaming or retyping an attribute is a breaking
+change for every cluster that already has it, so names and types here are frozen.
+
+This module is imported by workflow code: it must stay free of I/O and of imports that the
+workflow sandbox would reject at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+RELAY_AGENT: Final = SearchAttributeKey.for_keyword("RelayAgent")
+"""The agent currently holding the run (changes on every handoff)."""
+
+RELAY_STATUS: Final = SearchAttributeKey.for_keyword("RelayStatus")
+"""The run's status: ``running``, ``waiting_approval``, ``paused``, ``completed``, ``failed``
+or ``cancelled`` (the values of :data:`relaykit.runs.RunStatus`)."""
+
+RELAY_TOKENS: Final = SearchAttributeKey.for_int("RelayTokens")
+"""Tokens used so far (input + output, children included)."""
+
+RELAY_PARENT_RUN: Final = SearchAttributeKey.for_keyword("RelayParentRun")
+"""For a child run: the workflow id of the run that started it (unset on root runs)."""
+
+ALL: Final[list[SearchAttributeKey[Any]]] = [
+    RELAY_AGENT,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+    RELAY_PARENT_RUN,
+]
+"""Every attribute relaykit may write, i.e. what a namespace must have registered."""
+
+# The spelling that `temporal` CLI flags (--search-attribute, --type) accept.
+_CLI_TYPE_NAMES: Final[dict[SearchAttributeIndexedValueType, str]] = {
+    SearchAttributeIndexedValueType.TEXT: "Text",
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.INT: "Int",
+    SearchAttributeIndexedValueType.DOUBLE: "Double",
+    SearchAttributeIndexedValueType.BOOL: "Bool",
+    SearchAttributeIndexedValueType.DATETIME: "Datetime",
+    SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
+}
+
+
+def cli_type_name(key: SearchAttributeKey[Any]) -> str:
+    """The type as the ``temporal`` CLI spells it (``Keyword``, ``Int``, ...)."""
+    return _CLI_TYPE_NAMES[key.indexed_value_type]
+
+
+def specs(keys: Sequence[SearchAttributeKey[Any]] = ALL) -> list[str]:
+    """``NAME=Type`` strings, the form ``temporal server start-dev --search-attribute`` takes
+    (and the form the compose setup service lists them in)."""
+    return [f"{key.name}={cli_type_name(key)}" for key in keys]
+
+
+def start_dev_args(keys: Sequence[SearchAttributeKey[Any]] = ALL) -> list[str]:
+    """``--search-attribute NAME=Type`` flags for ``temporal server start-dev``."""
+    args: list[str] = []
+    for spec in specs(keys):
+        args += ["--search-attribute", spec]
+    return args
+
+
+def operator_create_args(
+    namespace: str = "default",
+    *,
+    address: str | None = None,
+    keys: Sequence[SearchAttributeKey[Any]] = ALL,
+) -> list[str]:
+    """The ``temporal operator search-attribute create`` command (as argv, without the
+    executable) that registers ``keys`` on ``namespace`` of a production cluster.
+
+    One command registers them all; running it again is harmless.
+    """
+    args = ["operator", "search-attribute", "create", "--namespace", namespace]
+    if address is not None:
+        args += ["--address", address]
+    for key in keys:
+        args += ["--name", key.name, "--type", cli_type_name(key)]
+    return args
+
+
+async def ensure_registered(
+    client: Client,
+    namespace: str | None = None,
+    keys: Sequence[SearchAttributeKey[Any]] = ALL,
+) -> list[str]:
+    """Register whichever of ``keys`` ``namespace`` lacks; return the names it added.
+
+    Needed even on the dev server: ``start-dev --search-attribute`` only applies when it creates
+    the namespace, so a database file from an older relaykit would miss attributes added since.
+    Raises :class:`ValueError` when an attribute exists with another type, because relaykit's
+    upserts would then fail on every run.
+    """
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
+
+    ns = namespace or client.namespace
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=ns)
+    )
+    existing: dict[str, int] = {**listed.system_attributes, **listed.custom_attributes}
+    missing: dict[str, IndexedValueType.ValueType] = {}
+    for key in keys:
+        wanted = int(key.indexed_value_type)
+        have = existing.get(key.name)
+        if have is None:
+            missing[key.name] = IndexedValueType.ValueType(wanted)
+        elif have != wanted:
+            # IntEnum keys hash like ints, so the raw proto value looks them up directly.
+            have_name = _CLI_TYPE_NAMES.get(have, str(have))  # type: ignore[call-overload]
+            raise ValueError(
+                f"search attribute {key.name} exists on namespace {ns!r} with type "
+                f"{have_name}, relaykit needs {cli_type_name(key)}"
+            )
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(search_attributes=missing, namespace=ns)
+        )
+    return list(missing)
