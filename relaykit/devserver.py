@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Self
 from urllib.parse import quote
 
 from relaykit import search_attributes
@@ -81,9 +81,7 @@ def find_temporal_cli() -> str:
     candidates = [Path(sys.executable).parent / exe]
     for scheme in (None, f"{os.name}_user"):
         try:
-            scripts = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path(
-                "scripts"
-            )
+            scripts = sysconfig.get_path("scripts", scheme or sysconfig.get_default_scheme())
         except KeyError:
             continue
         if scripts:
@@ -216,7 +214,9 @@ class DevServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def ui_link(self, workflow_id: str, run_id: str | None = None, namespace: str | None = None) -> str:
+    def ui_link(
+        self, workflow_id: str, run_id: str | None = None, namespace: str | None = None
+    ) -> str:
         """The web UI page of a workflow (``namespace`` defaults to the server's)."""
         return workflow_ui_url(self.ui_url, workflow_id, run_id, namespace or self.namespace)
 
@@ -252,11 +252,11 @@ class DevServer:
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    def start(self) -> DevServer:
+    def start(self) -> Self:
         """Start the server and return once its frontend answers gRPC calls with relaykit's
         search attributes registered; raise :class:`DevServerError` otherwise.
 
-        Blocks the calling thread (about half a second in memory, one to two seconds with a
+        Blocks the calling thread (well under a second: about 0.2 s in memory, 0.2-0.5 s with a
         database file); from async code use ``async with`` instead, which runs it in a thread.
         """
         if self.running:
@@ -316,7 +316,7 @@ class DevServer:
         if proc.stderr is not None:
             proc.stderr.close()
 
-    def __enter__(self) -> DevServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -327,7 +327,7 @@ class DevServer:
     ) -> None:
         self.stop()
 
-    async def __aenter__(self) -> DevServer:
+    async def __aenter__(self) -> Self:
         return await asyncio.to_thread(self.start)
 
     async def __aexit__(
@@ -425,5 +425,10 @@ class DevServer:
 def _run_coroutine_blocking(coro: Any) -> Any:
     """Run ``coro`` to completion from sync code, whether or not this thread already runs an
     event loop (``asyncio.run`` refuses to nest, so it gets a thread of its own)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="temporal-dev-server") as pool:
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="temporal-dev-server")
+    try:
         return pool.submit(asyncio.run, coro).result()
+    finally:
+        # Not waiting: on Ctrl-C the caller stops the server, which ends the wait loop; joining
+        # here first would hold the interrupt until the startup timeout.
+        pool.shutdown(wait=False)

@@ -29,6 +29,10 @@ RESERVED_NAMES = frozenset(
 )
 
 
+def clone_name(agent: Agent) -> str:
+    return f"{agent.name}.subagent"
+
+
 @dataclass
 class AgentGraph:
     """Agents by name, function tools by name, handoffs by tool name (what the worker registers)."""
@@ -92,6 +96,11 @@ class AgentGraph:
                 continue
             if entry.name in RESERVED_NAMES:
                 raise ConfigurationError(f"tool name {entry.name!r} is reserved by relaykit")
+            if entry.name in self.handoffs:  # the handoff's agent may have been added first
+                raise ConfigurationError(
+                    f"handoff {entry.name!r} collides with a function tool of that name",
+                    hint="give one of them another name (tool(name=...), Handoff(name=...))",
+                )
             known = self.tools.get(entry.name)
             if known is not None and known is not entry:
                 raise ConfigurationError(
@@ -110,15 +119,40 @@ class AgentGraph:
                 )
             if handoff.tool_name in self.tools:
                 raise ConfigurationError(
-                    f"handoff {handoff.tool_name!r} collides with a function tool of that name"
+                    f"handoff {handoff.tool_name!r} collides with a function tool of that name",
+                    hint="give one of them another name (tool(name=...), Handoff(name=...))",
                 )
-            self.handoffs.setdefault(handoff.tool_name, handoff)
+            # The worker registers one on_handoff activity per tool name, so one name cannot
+            # carry two different callbacks; a handoff without a callback schedules nothing.
+            known_callback = known_handoff.on_handoff if known_handoff is not None else None
+            if known_callback is not None and handoff.on_handoff not in (None, known_callback):
+                raise ConfigurationError(
+                    f"handoff tool {handoff.tool_name!r} has two different on_handoff callbacks",
+                    hint="give one of them another name with Handoff(name=...)",
+                )
+            if known_callback is None:
+                self.handoffs[handoff.tool_name] = handoff
             reached.append(handoff.target)
         if agent.subagents is not None:
             for name in RESERVED_NAMES - {"relaykit.model_call"}:
                 claim(name)
-            reached.extend(agent.subagents.agents)
+            if agent.subagents.agents:
+                reached.extend(agent.subagents.agents)
+            else:
+                reached.append(
+                    agent.clone(
+                        name=clone_name(agent),
+                        subagents=None,
+                        handoffs=[],
+                        description=agent.description or f"a copy of {agent.name}",
+                    )
+                )
         return reached
+
+    def subagent_clone(self, agent: Agent) -> Agent:
+        """The agent ``Subagents()`` without agents spawns: ``agent`` without its subagents
+        capability and handoffs (so it cannot spawn recursively)."""
+        return self.agents[clone_name(agent)]
 
     def agent(self, name: str) -> Agent:
         try:

@@ -56,7 +56,11 @@ class RunEvent(BaseModel):
 
 
 class PendingApproval(BaseModel):
-    """A tool call waiting for a person."""
+    """A tool call waiting for a person.
+
+    ``workflow_id`` is the run that owns the call: a child run's approvals surface in its
+    parent (and up to the root), so a person answers them through the run they started.
+    """
 
     call_id: str
     tool: str
@@ -65,6 +69,7 @@ class PendingApproval(BaseModel):
     run_path: list[str] = Field(default_factory=list)
     turn: int = 0
     requested_at: datetime | None = None
+    workflow_id: str | None = None
 
 
 class ApprovalDecision(BaseModel):
@@ -73,6 +78,44 @@ class ApprovalDecision(BaseModel):
     call_id: str
     approved: bool
     reason: str | None = None
+
+
+TaskStatus = Literal["running", "finished", "failed", "cancelled"]
+
+
+class SubagentTask(BaseModel):
+    """A background subagent the run spawned."""
+
+    id: str
+    agent: str
+    workflow_id: str
+    prompt: str = ""
+    status: TaskStatus = "running"
+    report: str | None = None
+    delivered: bool = False
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ChildReport(BaseModel):
+    """What a child run tells its parent when it ends (signal payload). Sent by workflow id, so
+    it reaches the parent's current run even after the parent continued as new."""
+
+    task_id: str
+    workflow_id: str
+    agent: str
+    status: TaskStatus
+    output: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ReportTarget(BaseModel):
+    """Where a background run sends its :class:`ChildReport`: a signal to a workflow, and/or an
+    HTTP POST (detached subagents whose parent may be gone)."""
+
+    task_id: str
+    workflow_id: str | None = None
+    signal: str = "subagent_report"
+    url: str | None = None
 
 
 class RunState(BaseModel):
@@ -92,6 +135,10 @@ class RunState(BaseModel):
     pending_approvals: dict[str, PendingApproval] = Field(default_factory=dict)
     decisions: dict[str, ApprovalDecision] = Field(default_factory=dict)
     status: RunStatus = "running"
+    tasks: dict[str, SubagentTask] = Field(default_factory=dict)
+    report_queue: list[str] = Field(default_factory=list)
+    """Ids of finished tasks whose report waits for the next turn boundary."""
+    tasks_started: int = 0
 
 
 class RunInput(BaseModel):
@@ -111,6 +158,12 @@ class RunInput(BaseModel):
     """Set by relaykit for child runs: the parent's path."""
     state: RunState | None = None
     """Set by relaykit on continue-as-new."""
+    parent_workflow_id: str | None = None
+    """Set for agent-as-tool children: approvals requested inside surface in the parent."""
+    report_to: ReportTarget | None = None
+    """Set for background subagents: where the final report goes."""
+    unattended: bool = False
+    """No person watches this run: tools needing approval are rejected at once."""
 
 
 class RunResult(BaseModel):

@@ -27,3 +27,28 @@ class Subagents:
     budget: Budget | None = None
     max_result_chars: int = 16_000
     detached: bool = False
+    """Subagents keep running after the parent ends (parent-close policy ABANDON); their reports
+    go to ``deliver_to_workflow`` (a signal) and/or ``deliver_url`` (an HTTP POST)."""
+    deliver_to_workflow: str | None = None
+    deliver_url: str | None = None
+    instructions: str | None = None
+    """Replaces the built-in guidance added to the agent's system prompt."""
+
+    def __post_init__(self) -> None:
+        from relaykit.errors import ConfigurationError
+
+        if self.max_concurrent < 1:
+            raise ConfigurationError("Subagents(max_concurrent=...) must be at least 1")
+        if self.detached and not (self.deliver_to_workflow or self.deliver_url):
+            raise ConfigurationError(
+                "detached subagents need somewhere to deliver their reports",
+                hint="set deliver_to_workflow=... or deliver_url=...",
+            )
+
+
+DEFAULT_INSTRUCTIONS = (
+    "You can run background tasks with spawn_subagent: give each a complete, self-contained "
+    "prompt (the subagent cannot see this conversation). Keep working while they run; their "
+    "reports arrive as messages. Before you give your final answer, wait for your tasks with "
+    "wait_subagents or cancel the ones you no longer need."
+)

@@ -16,6 +16,7 @@ from temporalio.worker import Worker as TemporalWorker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from relaykit import registry
+from relaykit.activities.delivery import deliver_report
 from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
@@ -102,7 +103,7 @@ class Worker:
             ensure_local_server()
         registry.register(self.task_queue, self.graph)
         self._model_activities = ModelActivities()
-        activities: list[Any] = [self._model_activities.model_call]
+        activities: list[Any] = [self._model_activities.model_call, deliver_report]
         activities.extend(tool_activity(t) for t in self.graph.tools.values())
         activities.extend(
             handoff_activity(h) for h in self.graph.handoffs.values() if h.on_handoff is not None

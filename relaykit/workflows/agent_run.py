@@ -10,16 +10,29 @@ compatibility data for runs in flight.
 from __future__ import annotations
 
 from temporalio import workflow
+import json
+
+from temporalio.exceptions import ApplicationError, is_cancelled_exception
+
 from relaykit import registry
 from relaykit.runs import (
     ApprovalDecision,
+    ChildReport,
     PendingApproval,
+    ReportTarget,
     RunEvent,
     RunInput,
     RunResult,
     RunSnapshot,
+    TaskStatus,
 )
 from relaykit.search_attributes import RELAY_AGENT, RELAY_STATUS, RELAY_TOKENS
+from relaykit.workflows.children import (
+    CHILD_APPROVAL_DONE_SIGNAL,
+    CHILD_APPROVAL_SIGNAL,
+    REPORT_SIGNAL,
+    send_report,
+)
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, TurnLoop
 
 
@@ -37,7 +50,33 @@ class AgentRun:
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
-        return await self._loop.run()
+        if input.report_to is None:
+            return await self._loop.run()
+        # A background subagent: whatever happens, its parent (or delivery target) hears of it.
+        try:
+            result = await self._loop.run()
+        except BaseException as exc:
+            if is_cancelled_exception(exc):
+                await self._report(input.report_to, "cancelled", None)
+            elif isinstance(exc, ApplicationError):
+                await self._report(input.report_to, "failed", exc.message)
+            raise
+        output = result.output if isinstance(result.output, str) else json.dumps(result.output)
+        await self._report(input.report_to, "finished", output)
+        return result
+
+    async def _report(self, target: ReportTarget, status: TaskStatus, output: str | None) -> None:
+        await send_report(
+            target,
+            ChildReport(
+                task_id=target.task_id,
+                workflow_id=workflow.info().workflow_id,
+                agent=self._loop.state.agent,
+                status=status,
+                output=output,
+                usage=self._loop.state.usage,
+            ),
+        )
 
     # --- what people see ------------------------------------------------------------------------
 
@@ -111,6 +150,20 @@ class AgentRun:
             workflow.logger.warning("ignored approval: %s", exc)
             return
         self._loop.answer_approval(decision)
+
+    # --- child runs ---------------------------------------------------------------------------
+
+    @workflow.signal(name=REPORT_SIGNAL)
+    def subagent_report(self, report: ChildReport) -> None:
+        self._loop.children.on_report(report)
+
+    @workflow.signal(name=CHILD_APPROVAL_SIGNAL)
+    def child_approval(self, pending: PendingApproval) -> None:
+        self._loop.children.on_child_approval(pending)
+
+    @workflow.signal(name=CHILD_APPROVAL_DONE_SIGNAL)
+    def child_approval_done(self, call_id: str) -> None:
+        self._loop.children.on_child_approval_done(call_id)
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 

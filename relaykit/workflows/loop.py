@@ -12,7 +12,7 @@ the middle of a turn.
 
 Where things live:
 - the handoff switch: :meth:`TurnLoop._run_handoff` (only here);
-- agent-as-tool child workflows: :meth:`TurnLoop._run_agent_tool`;
+- child workflows (agent-as-tool, background subagents): :mod:`relaykit.workflows.children`;
 - approvals: :meth:`TurnLoop._await_approval`;
 - how the transcript reaches the model: :mod:`relaykit.workflows.context`.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 from relaykit import errors
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
@@ -52,6 +52,7 @@ from relaykit.runs import (
     RunState,
 )
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
+from relaykit.workflows.children import SUBAGENT_TOOLS, Children
 from relaykit.workflows.context import ContextTransport, InlineTransport
 
 MODEL_ACTIVITY = "relaykit.model_call"
@@ -65,6 +66,14 @@ MODEL_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=60),
     maximum_attempts=8,
 )
+HANDOFF_CALLBACK_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_attempts=3,
+)
+"""``on_handoff`` is on the conversation's critical path: a few quick retries for a blip, then the
+handoff fails with an error result (Temporal's default policy would retry a broken callback
+forever and stall the run)."""
 MAX_OUTPUT_RETRIES = 2
 MAX_EVENTS_KEPT = 2_000
 
@@ -94,6 +103,10 @@ class TurnLoop:
             )
         self.on_change: Callable[[], None] | None = None
         """Called after state a person can see changed (the workflow updates its UI details)."""
+        self.children = Children(self)
+        self._pending_switch: tuple[Handoff, str | None] | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self.workflow_type = AGENT_RUN_WORKFLOW
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -107,6 +120,25 @@ class TurnLoop:
             )
         if self.input.state is None:
             self._start_transcript()
+        try:
+            result = await self._loop()
+        except ApplicationError:
+            await self._wind_down()
+            raise
+        await self._wind_down()
+        return result
+
+    async def _wind_down(self) -> None:
+        """Before the run ends: stop unfinished background tasks, flush pending signals."""
+        await self.children.close()
+        if self._background:
+            await asyncio.gather(*self._background)
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background (signals sent from handlers); awaited before the end."""
+        self._background.append(asyncio.ensure_future(coro))
+
+    async def _loop(self) -> RunResult:
         while True:
             await self._turn_boundary()
             if self.state.turn >= self.input.max_turns:
@@ -120,7 +152,7 @@ class TurnLoop:
             message = response.message.model_copy(update={"agent": agent.name})
             self.state.transcript.append(message)
             if message.content:
-                self._emit("message", {"text": message.content})
+                self.emit("message", {"text": message.content})
             self._check_budget()
             if not message.tool_calls:
                 done, output = self._final_output(agent, message.content)
@@ -139,18 +171,19 @@ class TurnLoop:
             self.state.transcript.append(Message.user(given))
         else:
             self.state.transcript.extend(given)
-        self._emit("run_started", {"input": given if isinstance(given, str) else len(given)})
+        self.emit("run_started", {"input": given if isinstance(given, str) else len(given)})
 
     async def _turn_boundary(self) -> None:
         """Apply what arrived from outside since the last turn (pause, injected messages)."""
         if self.state.paused:
-            self._set_status("paused")
+            self.set_status("paused")
             await workflow.wait_condition(lambda: not self.state.paused)
-            self._set_status("running")
+            self.set_status("running")
         while self.state.mailbox:
             text = self.state.mailbox.pop(0)
             self.state.transcript.append(Message.user(text))
-            self._emit("message_injected", {"text": text})
+            self.emit("message_injected", {"text": text})
+        self.children.deliver_reports()
 
     # --- model calls ----------------------------------------------------------------------------
 
@@ -166,6 +199,7 @@ class TurnLoop:
     def tool_specs(self, agent: Agent) -> list[ToolSpec]:
         specs = [entry.spec for entry in agent.tools]
         specs.extend(as_handoff(entry).spec for entry in agent.handoffs)
+        specs.extend(self.children.tool_specs(agent))
         return specs
 
     def system_prompt(self, agent: Agent) -> str:
@@ -176,7 +210,7 @@ class TurnLoop:
             run_path=self.state.run_path,
             context=self.input.context,
         )
-        parts = [agent.render_instructions(ctx)]
+        parts = [agent.render_instructions(ctx), self.children.instructions(agent) or ""]
         if self.input.extra_instructions:
             parts.append(self.input.extra_instructions)
         return "\n\n".join(part for part in parts if part)
@@ -190,6 +224,7 @@ class TurnLoop:
             tools=self.tool_specs(agent),
             output=output.spec if output else None,
             settings=agent.model_settings or ModelSettings(),
+            reminder=self.children.reminder(),
         )
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
@@ -206,6 +241,8 @@ class TurnLoop:
                 summary=f"{agent.name} · turn {self.state.turn} · {spec.label}",
             )
         except ActivityError as exc:
+            if is_cancelled_exception(exc):
+                raise  # the run is being cancelled: end as cancelled, not failed
             cause = exc.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
             detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
@@ -213,7 +250,7 @@ class TurnLoop:
                 f"model call failed for agent {agent.name!r} at turn {self.state.turn}: {detail}",
                 kind or errors.MODEL_CALL_FAILED,
             )
-        self.state.usage = self.state.usage + response.usage
+        self.add_usage(response.usage, check=False)
         return response
 
     def _final_output(self, agent: Agent, text: str) -> tuple[bool, Any]:
@@ -236,12 +273,12 @@ class TurnLoop:
                     "Answer again with only JSON that matches the schema."
                 )
             )
-            self._emit("error", {"kind": "output_validation", "message": str(exc)})
+            self.emit("error", {"kind": "output_validation", "message": str(exc)})
             return False, None
 
     def _finish(self, output: Any) -> RunResult:
-        self._emit("final", {"output": output})
-        self._set_status("completed")
+        self.emit("final", {"output": output})
+        self.set_status("completed")
         return RunResult(
             output=output,
             final_agent=self.state.agent,
@@ -268,6 +305,31 @@ class TurnLoop:
                 errors.BUDGET_EXCEEDED,
             )
 
+    def add_usage(self, usage: Usage, *, check: bool = True) -> None:
+        """Count usage (also a child's) towards this run; the budget covers the whole tree."""
+        self.state.usage = self.state.usage + usage
+        if check:
+            self._check_budget()
+
+    @staticmethod
+    def usage_from_failure(cause: BaseException | None) -> Usage:
+        """Child runs put their usage in the details of their failure (see :meth:`_fail`)."""
+        if isinstance(cause, ApplicationError) and cause.details:
+            try:
+                return Usage.model_validate(cause.details[0])
+            except ValueError:
+                pass
+        return Usage()
+
+    def child_search_attributes(self) -> Any:
+        if not self.graph.search_attributes:
+            return None
+        from temporalio.common import TypedSearchAttributes
+
+        from relaykit.search_attributes import RELAY_PARENT_RUN
+
+        return TypedSearchAttributes([RELAY_PARENT_RUN.value_set(workflow.info().workflow_id)])
+
     def remaining_budget(self, child: Budget | None) -> Budget | None:
         """A child's budget: its own per-call limit, tightened by what this run has left."""
         mine = self.input.budget
@@ -291,8 +353,8 @@ class TurnLoop:
 
     def _fail(self, message: str, kind: str) -> Any:
         """End the run with a typed, non-retryable error that carries the usage so far."""
-        self._emit("error", {"kind": kind, "message": message})
-        self._set_status("failed")
+        self.emit("error", {"kind": kind, "message": message})
+        self.set_status("failed")
         raise ApplicationError(
             message, self.state.usage.model_dump(), type=kind, non_retryable=True
         )
@@ -307,13 +369,13 @@ class TurnLoop:
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
         for index, call in enumerate(calls):
-            self._emit("tool_call", {"call_id": call.id, "name": call.name, "arguments": call.arguments})
+            self.emit("tool_call", {"call_id": call.id, "name": call.name, "arguments": call.arguments})
             handoff = handoffs.get(call.name)
             if handoff is not None:
                 if first_handoff is None:
                     first_handoff = (index, call, handoff)
                 else:
-                    results[index] = self._tool_message(
+                    results[index] = self.tool_message(
                         call,
                         "Rejected: only the first handoff of a turn runs; the conversation is "
                         f"already being handed over by {first_handoff[1].name}.",
@@ -330,7 +392,7 @@ class TurnLoop:
         for message in results:
             assert message is not None
             self.state.transcript.append(message)
-            self._emit(
+            self.emit(
                 "tool_result",
                 {
                     "call_id": message.tool_call_id,
@@ -339,36 +401,36 @@ class TurnLoop:
                     "is_error": message.is_error,
                 },
             )
-        if first_handoff is not None and results[first_handoff[0]] is not None:
-            pending = self._pending_switch
-            if pending is not None:
-                self._switch_agent(*pending)
+        if self._pending_switch is not None:
+            self._switch_agent(*self._pending_switch)
 
-    def _tool_message(self, call: ToolCall, content: str, *, is_error: bool = False) -> Message:
+    def tool_message(self, call: ToolCall, content: str, *, is_error: bool = False) -> Message:
         return Message.tool_result(call, content, is_error=is_error).model_copy(
             update={"agent": self.state.agent}
         )
 
     async def _run_one_call(self, agent: Agent, call: ToolCall) -> Message:
         entry = next((t for t in agent.tools if t.name == call.name), None)
+        if entry is None and agent.subagents is not None and call.name in SUBAGENT_TOOLS:
+            return await self.children.run_tool(agent, call)
         if entry is None:
             known = ", ".join(spec.name for spec in self.tool_specs(agent)) or "none"
-            return self._tool_message(
+            return self.tool_message(
                 call,
                 f"Unknown tool {call.name!r}. Available tools: {known}.",
                 is_error=True,
             )
         if isinstance(entry, AgentTool):
-            return await self._run_agent_tool(entry, call)
+            return await self.children.run_agent_tool(entry, call)
         try:
             arguments = entry.parse_arguments(call.arguments)
         except ValueError as exc:
-            return self._tool_message(call, str(exc), is_error=True)
+            return self.tool_message(call, str(exc), is_error=True)
         if entry.requires_approval(arguments.model_dump()):
             decision = await self._await_approval(agent, entry, call)
             if not decision.approved:
                 reason = f": {decision.reason}" if decision.reason else ""
-                return self._tool_message(
+                return self.tool_message(
                     call, f"The call was rejected by a person{reason}.", is_error=True
                 )
         return await self._execute_tool(agent, entry, call)
@@ -393,12 +455,14 @@ class TurnLoop:
                 summary=summarize_call(entry.name, call.arguments),
             )
         except ActivityError as exc:
+            if is_cancelled_exception(exc):
+                raise
             cause = exc.cause
             detail = getattr(cause, "message", None) or str(exc)
-            return self._tool_message(
+            return self.tool_message(
                 call, f"Tool {entry.name!r} failed and was not retried further: {detail}", is_error=True
             )
-        return self._tool_message(call, outcome.content, is_error=outcome.is_error)
+        return self.tool_message(call, outcome.content, is_error=outcome.is_error)
 
     # --- approvals ------------------------------------------------------------------------------
 
@@ -406,6 +470,12 @@ class TurnLoop:
         """Wait (durably, at no cost) for a person to approve or reject ``call``."""
         if call.id in self.state.decisions:  # answered before a continue-as-new
             return self.state.decisions.pop(call.id)
+        if self.input.unattended:
+            return ApprovalDecision(
+                call_id=call.id,
+                approved=False,
+                reason="no person can approve calls in an unattended background task",
+            )
         pending = PendingApproval(
             call_id=call.id,
             tool=entry.name,
@@ -414,10 +484,12 @@ class TurnLoop:
             run_path=self.state.run_path,
             turn=self.state.turn,
             requested_at=workflow.now(),
+            workflow_id=workflow.info().workflow_id,
         )
         self.state.pending_approvals[call.id] = pending
-        self._emit("approval_requested", pending.model_dump(mode="json"))
-        self._set_status("waiting_approval")
+        self.emit("approval_requested", pending.model_dump(mode="json"))
+        self.set_status("waiting_approval")
+        await self.children.announce_approval(pending)
         try:
             await workflow.wait_condition(
                 lambda: call.id in self.state.decisions, timeout=entry.approval_timeout
@@ -426,13 +498,21 @@ class TurnLoop:
         except asyncio.TimeoutError:
             decision = ApprovalDecision(call_id=call.id, approved=False, reason="approval timed out")
         self.state.pending_approvals.pop(call.id, None)
-        self._emit("approval_answered", decision.model_dump(mode="json"))
+        self.emit("approval_answered", decision.model_dump(mode="json"))
+        await self.children.announce_answered(call.id)
         if not self.state.pending_approvals:
-            self._set_status("running")
+            self.set_status("running")
         return decision
 
     def answer_approval(self, decision: ApprovalDecision) -> None:
-        """Record a person's answer (from the approve update or signal)."""
+        """Record a person's answer (from the approve update or signal); answers for a child
+        run's call are forwarded to that child."""
+        if self.children.forward_decision(decision):
+            self.state.pending_approvals.pop(decision.call_id, None)
+            self.emit("approval_answered", decision.model_dump(mode="json"))
+            if not self.state.pending_approvals:
+                self.set_status("running")
+            return
         self.state.decisions[decision.call_id] = decision
 
     def validate_approval(self, decision: ApprovalDecision) -> None:
@@ -445,8 +525,6 @@ class TurnLoop:
             raise ValueError(f"call {decision.call_id!r} was already answered")
 
     # --- handoff --------------------------------------------------------------------------------
-
-    _pending_switch: tuple[Handoff, str | None] | None = None
 
     async def _run_handoff(self, agent: Agent, call: ToolCall, handoff: Handoff) -> Message:
         """Validate the handoff and run its ``on_handoff``; the switch itself waits for the end
@@ -468,15 +546,18 @@ class TurnLoop:
                         workflow_id=workflow.info().workflow_id,
                     ),
                     start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=HANDOFF_CALLBACK_RETRY,
                     summary=f"{agent.name} → {handoff.target.name}",
                 )
             except ActivityError as exc:
+                if is_cancelled_exception(exc):
+                    raise
                 detail = getattr(exc.cause, "message", None) or str(exc)
-                return self._tool_message(
+                return self.tool_message(
                     call, f"The handoff did not happen: on_handoff failed: {detail}", is_error=True
                 )
         self._pending_switch = (handoff, args.reason)
-        return self._tool_message(
+        return self.tool_message(
             call, json.dumps({"assistant": handoff.target.name}), is_error=False
         )
 
@@ -493,60 +574,15 @@ class TurnLoop:
         self.state.agent = target
         self.state.output_retries = 0
         self.state.run_path = [*self.state.run_path, target]
-        self._emit(
+        self.emit(
             "handoff",
             {"from": source, "to": target, "reason": reason, "turn": self.state.turn},
             agent=source,
         )
 
-    # --- agent as tool --------------------------------------------------------------------------
-
-    async def _run_agent_tool(self, entry: AgentTool, call: ToolCall) -> Message:
-        """Run the sub-agent as a child workflow; its output becomes the tool result."""
-        try:
-            prompt = json.loads(call.arguments or "{}").get("input")
-        except (ValueError, AttributeError):
-            prompt = None
-        if not isinstance(prompt, str) or not prompt.strip():
-            return self._tool_message(
-                call, f'{entry.name} needs a string argument "input" with the task.', is_error=True
-            )
-        info = workflow.info()
-        child_input = RunInput(
-            agent=entry.agent.name,
-            input=prompt,
-            max_turns=entry.max_turns,
-            budget=self.remaining_budget(entry.budget),
-            extra_instructions=self.input.extra_instructions,
-            context=self.input.context,
-            run_path=self.state.run_path,
-        )
-        try:
-            result: RunResult = await workflow.execute_child_workflow(
-                AGENT_RUN_WORKFLOW,
-                child_input,
-                id=f"{info.workflow_id}/{call.id}",
-                result_type=RunResult,
-                task_queue=info.task_queue,
-                static_summary=f"{entry.agent.name} (for {self.state.agent}): {_head(prompt, 120)}",
-            )
-        except ChildWorkflowError as exc:
-            cause = exc.cause
-            usage = _usage_from_failure(cause)
-            self.state.usage = self.state.usage + usage
-            self._check_budget()
-            detail = getattr(cause, "message", None) or str(exc)
-            return self._tool_message(
-                call, f"The {entry.agent.name} agent did not finish: {detail}", is_error=True
-            )
-        self.state.usage = self.state.usage + result.usage
-        self._check_budget()
-        content = result.output if isinstance(result.output, str) else json.dumps(result.output)
-        return self._tool_message(call, content)
-
     # --- events and status ----------------------------------------------------------------------
 
-    def _emit(self, kind: EventKind, data: dict[str, Any], *, agent: str | None = None) -> None:
+    def emit(self, kind: EventKind, data: dict[str, Any], *, agent: str | None = None) -> None:
         events = self.state.events
         events.append(
             RunEvent(
@@ -570,7 +606,7 @@ class TurnLoop:
         start = max(offset - self.state.event_offset, 0)
         return self.state.events[start:]
 
-    def _set_status(self, status: Any) -> None:
+    def set_status(self, status: Any) -> None:
         self.state.status = status
         if self.on_change is not None:
             self.on_change()
@@ -578,16 +614,6 @@ class TurnLoop:
 
 def _head(text: str, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _usage_from_failure(cause: BaseException | None) -> Usage:
-    """Child runs put their usage in the details of their failure (see ``TurnLoop._fail``)."""
-    if isinstance(cause, ApplicationError) and cause.details:
-        try:
-            return Usage.model_validate(cause.details[0])
-        except ValueError:
-            pass
-    return Usage()
 
 
 async def run_agent(

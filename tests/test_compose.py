@@ -1,0 +1,136 @@
+"""``docker-compose.yml`` cannot be started here (no Docker engine), so these tests hold it to the
+properties that break silently: pinned images, start-up ordering, published ports, and the
+search attributes staying in step with :mod:`relaykit.search_attributes`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from relaykit import search_attributes
+
+COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+VERSION_TAG = re.compile(r"^v?\d+\.\d+")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = compose["services"]
+    return found
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """Compose accepts a mapping or a list of ``KEY=VALUE``; tests read both the same way."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) for item in env)
+    return {key: str(value) for key, value in env.items()}
+
+
+def image_tag(image: str) -> str:
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.split(":", 1)[1] if ":" in name else ""
+
+
+def published_ports(service: dict[str, Any]) -> set[int]:
+    ports: set[int] = set()
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            ports.add(int(entry["published"]))
+        else:
+            parts = str(entry).split(":")
+            ports.add(int(parts[-2] if len(parts) > 1 else parts[-1]))
+    return ports
+
+
+def test_services_exist(services: dict[str, Any]) -> None:
+    expected = {"postgresql", "temporal-schema", "temporal", "temporal-setup", "temporal-ui"}
+    assert expected | {"worker"} <= set(services)
+
+
+def test_every_image_is_pinned_to_a_version(services: dict[str, Any]) -> None:
+    images = {name: svc["image"] for name, svc in services.items() if "image" in svc}
+    for name, svc in services.items():
+        inline = (svc.get("build") or {}).get("dockerfile_inline", "")
+        for base in re.findall(r"^FROM\s+(\S+)", inline, flags=re.MULTILINE):
+            images[f"{name} (FROM)"] = base
+    assert images
+    for where, image in images.items():
+        tag = image_tag(image)
+        assert tag and tag != "latest", f"{where}: {image} is not pinned"
+        assert VERSION_TAG.match(tag), f"{where}: {image} is pinned to no version"
+
+
+def test_server_and_admin_tools_versions_match(services: dict[str, Any]) -> None:
+    server = image_tag(services["temporal"]["image"])
+    for name in ("temporal-schema", "temporal-setup"):
+        assert services[name]["image"].startswith("temporalio/admin-tools:")
+        assert image_tag(services[name]["image"]) == server, name
+
+
+def test_ports(services: dict[str, Any]) -> None:
+    assert 7233 in published_ports(services["temporal"])
+    assert 8080 in published_ports(services["temporal-ui"])
+
+
+def test_healthchecks(services: dict[str, Any]) -> None:
+    postgres_check = services["postgresql"]["healthcheck"]["test"]
+    assert "pg_isready" in " ".join(postgres_check)
+    assert services["temporal"]["healthcheck"]["test"]
+
+
+def test_startup_order(services: dict[str, Any]) -> None:
+    def condition(service: str, dependency: str) -> str:
+        return str(services[service]["depends_on"][dependency]["condition"])
+
+    assert condition("temporal", "postgresql") == "service_healthy"
+    assert condition("temporal-schema", "postgresql") == "service_healthy"
+    assert condition("temporal", "temporal-schema") == "service_completed_successfully"
+    assert condition("temporal-setup", "temporal") == "service_healthy"
+    assert condition("temporal-ui", "temporal-setup") == "service_completed_successfully"
+    assert condition("worker", "temporal-setup") == "service_completed_successfully"
+
+
+def test_temporal_uses_postgres(services: dict[str, Any]) -> None:
+    env = environment(services["temporal"])
+    assert env["DB"] == "postgres12"
+    assert env["POSTGRES_SEEDS"] == "postgresql"
+
+
+def test_registers_exactly_relaykits_search_attributes(services: dict[str, Any]) -> None:
+    setup = services["temporal-setup"]
+    registered = environment(setup)["RELAYKIT_SEARCH_ATTRIBUTES"].split()
+    assert sorted(registered) == sorted(search_attributes.specs())
+    assert len(registered) == len(set(registered))
+    # The list must be what the script registers, not a decoration next to it.
+    script = "\n".join(setup["command"])
+    assert "for spec in $$RELAYKIT_SEARCH_ATTRIBUTES" in script
+    assert "search-attribute create" in script
+
+
+def test_dynamic_config_lifts_the_transfer_poll_cap(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    mounted = {c["source"]: c["target"] for c in services["temporal"]["configs"]}
+    path = environment(services["temporal"])["DYNAMIC_CONFIG_FILE_PATH"]
+    source = next(name for name, target in mounted.items() if target == path)
+    values = yaml.safe_load(compose["configs"][source]["content"])
+    assert values["history.transferProcessorMaxPollRPS"][0]["value"] >= 10000
+
+
+def test_ui_and_worker_point_at_temporal(services: dict[str, Any]) -> None:
+    assert environment(services["temporal-ui"])["TEMPORAL_ADDRESS"] == "temporal:7233"
+    worker = services["worker"]
+    assert environment(worker)["TEMPORAL_ADDRESS"] == "temporal:7233"
+    assert worker.get("profiles"), "the worker must not start without --profile"

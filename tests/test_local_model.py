@@ -1,0 +1,186 @@
+"""The bundled local model must really answer over the OpenAI wire format, offline.
+
+SmolLM2-135M is tiny, so these tests check structure (text, valid JSON, a real tool name,
+schema-valid arguments), never wording. Constrained requests use temperature 0 so that the
+one content check, the city copied from the prompt, does not depend on sampling luck.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from relaykit.errors import ConfigurationError
+from relaykit.models.local_server import (
+    INSTALL_COMMANDS,
+    LocalModelServer,
+    find_bundled_model,
+)
+
+try:
+    find_bundled_model("smollm2")
+    _missing = importlib.util.find_spec("xllamacpp") is None
+except ConfigurationError:
+    _missing = True
+if _missing:
+    pytest.skip(
+        f"local model packages not installed (CI installs them: {INSTALL_COMMANDS})",
+        allow_module_level=True,
+    )
+
+TOOLS: dict[str, dict[str, Any]] = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "get_time": {
+        "type": "object",
+        "properties": {"timezone": {"type": "string"}},
+        "required": ["timezone"],
+        "additionalProperties": False,
+    },
+}
+SYSTEM = (
+    "You can call these tools: get_weather(city) gives the weather in a city; "
+    "get_time(timezone) gives the time. Answer with JSON: "
+    '{"name": <tool>, "arguments": {...}} to call a tool, or {"reply": <text>}.'
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalModelServer]:
+    with LocalModelServer("smollm2") as s:
+        yield s
+
+
+def chat(server: LocalModelServer, **body: Any) -> dict[str, Any]:
+    r = httpx.post(f"{server.base_url}/chat/completions", json={"model": "smollm2", **body},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def tool_schema(with_reply: bool) -> dict[str, Any]:
+    branches: list[dict[str, Any]] = [
+        {"type": "object",
+         "properties": {"name": {"const": name}, "arguments": params},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for name, params in TOOLS.items()
+    ]
+    if with_reply:
+        branches.append({"type": "object", "properties": {"reply": {"type": "string"}},
+                         "required": ["reply"], "additionalProperties": False})
+    return {"anyOf": branches}
+
+
+def conforms(value: Any, schema: dict[str, Any]) -> bool:
+    """Just enough JSON Schema for the schemas above (no extra dependency)."""
+    if "const" in schema:
+        return bool(value == schema["const"])
+    if schema.get("type") == "string":
+        return isinstance(value, str)
+    if schema.get("type") == "object":
+        if not isinstance(value, dict):
+            return False
+        props = schema.get("properties", {})
+        if any(key not in value for key in schema.get("required", [])):
+            return False
+        if schema.get("additionalProperties") is False and set(value) - set(props):
+            return False
+        return all(conforms(value[k], props[k]) for k in value if k in props)
+    return True
+
+
+def constrained(server: LocalModelServer, prompt: str, with_reply: bool) -> dict[str, Any]:
+    body = chat(
+        server,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
+        max_tokens=128,
+        temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "tool_call", "schema": tool_schema(with_reply)}},
+    )
+    content = body["choices"][0]["message"]["content"]
+    parsed = json.loads(content)
+    assert isinstance(parsed, dict), content
+    return parsed
+
+
+def test_base_url_is_openai_style(server: LocalModelServer) -> None:
+    assert server.running
+    assert server.base_url.startswith("http://127.0.0.1:") and server.base_url.endswith("/v1")
+    models = httpx.get(f"{server.base_url}/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["smollm2"]
+
+
+def test_plain_reply_is_text(server: LocalModelServer) -> None:
+    body = chat(server, messages=[{"role": "user", "content": "Say hello in one sentence."}],
+                max_tokens=48)
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant"
+    assert isinstance(message["content"], str) and message["content"].strip()
+    assert body["usage"]["completion_tokens"] > 0
+
+
+def test_required_tool_call_is_schema_valid(server: LocalModelServer) -> None:
+    call = constrained(server, "What is the weather in Paris?", with_reply=False)
+    assert call.get("name") in TOOLS, call
+    assert conforms(call["arguments"], TOOLS[call["name"]]), call
+    assert call["name"] == "get_weather"
+    assert "paris" in call["arguments"]["city"].lower()
+
+
+def test_optional_tool_call_matches_one_branch(server: LocalModelServer) -> None:
+    schema = tool_schema(with_reply=True)
+    answer = constrained(server, "What is the weather in Paris?", with_reply=True)
+    matching = [b for b in schema["anyOf"] if conforms(answer, b)]
+    assert len(matching) == 1, answer
+    if "name" in answer:
+        assert "paris" in json.dumps(answer["arguments"]).lower()
+
+
+def test_stream_yields_several_deltas(server: LocalModelServer) -> None:
+    deltas: list[str] = []
+    done = False
+    body = {"model": "smollm2", "stream": True, "max_tokens": 48,
+            "messages": [{"role": "user", "content": "Write two sentences about the sea."}]}
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body,
+                      timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            chunk = json.loads(line[len("data: "):])
+            content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if content:
+                deltas.append(content)
+    assert done
+    assert len(deltas) >= 3
+    assert "".join(deltas).strip()
+
+
+def test_stop_ends_the_child() -> None:
+    s = LocalModelServer("smollm2")
+    s.start()
+    proc = s._proc
+    assert proc is not None and proc.poll() is None
+    s.stop()
+    assert not s.running
+    assert proc.returncode is not None  # reaped, not left behind
+
+
+def test_unknown_model_name_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="known local models"):
+        LocalModelServer("no-such-model")
