@@ -9,7 +9,7 @@ The tools answer from small built-in tables so the demo works offline; swap them
 
 from __future__ import annotations
 
-from relaykit import Agent, tool
+from relaykit import Agent, ModelSettings, tool
 from relaykit.testing.scripted_server import ScriptedRequest, Step, batch, call, text
 
 _WEATHER = {
@@ -55,6 +55,9 @@ travel_assistant = Agent(
         "convert_currency for money questions, then answer in a few short sentences."
     ),
     tools=[get_weather, convert_currency],
+    # Short, sober answers; and a first turn that must use a tool, so even the tiny offline
+    # model starts by looking things up.
+    model_settings=ModelSettings(temperature=0, max_tokens=300, first_turn_tool_choice="required"),
 )
 
 DEMO_PROMPT = (

@@ -20,6 +20,7 @@ from rich.console import Console
 from relaykit.client import connect, start_run
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
+from relaykit.runs import RunEvent
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.worker import Worker
@@ -76,6 +77,16 @@ def choose_model(env: dict[str, str] | None = None, *, allow_local: bool = True)
         "scripted stand-in model (no LLM: a script plays the model; set OPENAI_API_KEY, "
         "OPENAI_BASE_URL + RELAYKIT_MODEL, or ANTHROPIC_API_KEY for a real one)",
     )
+
+
+def _show(event: RunEvent) -> None:
+    data = event.data
+    if event.kind == "tool_call":
+        console.print(f"  [cyan]→ {data['name']}[/cyan]({data['arguments']})")
+    elif event.kind == "tool_result":
+        console.print(f"  [green]← {data['name']}[/green]: {str(data['content'])[:100]}")
+    elif event.kind == "handoff":
+        console.print(f"  [magenta]⇢ handoff {data['from']} → {data['to']}[/magenta]")
 
 
 def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
@@ -145,16 +156,25 @@ async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None)
             stack, "examples.demo:travel_assistant", port, ui_port, data_dir, task_queue,
             scripted_demo,
         )
-        handle = await start_run(worker.client, travel_assistant, DEMO_PROMPT, task_queue=task_queue)
+        handle = await start_run(
+            worker.client, travel_assistant, DEMO_PROMPT, task_queue=task_queue,
+            max_turns=4, answer_on_last_turn=True,
+        )
         console.print(f"\nrun [bold]{handle.id}[/bold] started — follow it in the Temporal UI:")
         print(server.ui_link(handle.id), flush=True)
         console.print(f"[dim]prompt: {DEMO_PROMPT}[/dim]\n")
-        result = await handle.result()
-        for message in result.transcript:
-            for tool_call in message.tool_calls:
-                console.print(f"  [cyan]→ {tool_call.name}[/cyan]({tool_call.arguments})")
-            if message.role == "tool":
-                console.print(f"  [green]← {message.name}[/green]: {message.content[:100]}")
+        result_task = asyncio.ensure_future(handle.result())
+        seen = 0
+        while True:  # show the run's steps as they happen
+            done = result_task.done()
+            events = await handle.events(seen)
+            for event in events:
+                _show(event)
+            seen += len(events)
+            if done:
+                break
+            await asyncio.wait({result_task}, timeout=0.3)
+        result = result_task.result()
         print(f"\n{result.output}\n", flush=True)
         console.print(
             f"served by {choice.label}\n{result.turns} turns · {result.usage.requests} model "

@@ -130,11 +130,12 @@ def remove_tool_calls(data: HandoffInputData) -> list[Message]:
 
 def for_context_rewrite(data: HandoffInputData) -> list[Message]:
     """Eino's rewrite: what earlier agents said and did becomes user-side context
-    ("For context: [billing] said …"), so the target does not mistake it for its own words."""
+    ("For context: [billing] said …"), so the target does not mistake it for its own words.
+    The target's own earlier messages (in a cycle A → B → A) stay as they are."""
     rewritten: list[Message] = []
     for message in data.history:
         speaker = message.agent or data.source
-        if message.role == "user":
+        if message.role == "user" or speaker == data.target:
             rewritten.append(message)
         elif message.role == "assistant":
             if message.content:

@@ -149,6 +149,9 @@ class RunInput(BaseModel):
     input: str | list[Message] = ""
     """The task: a prompt, or a whole conversation to continue."""
     max_turns: int = 50
+    answer_on_last_turn: bool = False
+    """On the last allowed turn, withhold tools (``tool_choice="none"``) so the model must answer,
+    instead of the run failing with ``MaxTurnsExceeded``."""
     budget: Budget | None = None
     extra_instructions: str | None = None
     """Appended to the system prompt of every agent the run reaches."""

@@ -44,10 +44,17 @@ def handoff_activity(handoff: Handoff) -> Callable[..., Any]:
 
     async def run_callback(data: HandoffCallbackInput) -> None:
         args = HandoffArgs(reason=data.reason)
-        if inspect.iscoroutinefunction(callback):
-            await callback(args, data)
-        else:  # a blocking audit write must not stall the worker's event loop
-            await asyncio.to_thread(callback, args, data)
+        try:
+            if inspect.iscoroutinefunction(callback):
+                await callback(args, data)
+            else:  # a blocking audit write must not stall the worker's event loop
+                await asyncio.to_thread(callback, args, data)
+        except ApplicationError:
+            raise
+        except Exception as exc:  # a bug in the callback will not fix itself on retry
+            raise ApplicationError(
+                f"on_handoff raised {type(exc).__name__}: {exc}", non_retryable=True
+            ) from exc
 
     run_callback.__name__ = f"on_{handoff.tool_name}"
     return activity.defn(name=handoff.tool_name)(run_callback)

@@ -169,12 +169,23 @@ def _constrained_tools(request: ModelRequest) -> list[ToolSpec]:
     return list(request.tools)
 
 
+_REPLY_ONLY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"reply": {"type": "string"}},
+    "required": ["reply"],
+}
+
+
 def constrained_schema(request: ModelRequest) -> dict[str, Any] | None:
     """The JSON schema the server's grammar must hold the answer to, or ``None`` when the answer
     is free text (no tools and no output schema)."""
     tools = _constrained_tools(request)
     if not tools:
-        return request.output.json_schema if request.output is not None else None
+        if request.output is not None:
+            return request.output.json_schema
+        if request.tools:  # tools withheld this turn: keep the reply envelope the model knows
+            return _REPLY_ONLY
+        return None
     options: list[dict[str, Any]] = [
         {
             "type": "object",
@@ -230,6 +241,9 @@ def _constrained_messages(request: ModelRequest, tools: list[ToolSpec]) -> list[
     system = request.system
     if tools:
         instructions = _constrained_instructions(request, tools)
+        system = f"{system}\n\n{instructions}" if system else instructions
+    elif request.tools and request.output is None:
+        instructions = 'Give your final answer now, without tools, as {"reply": "<your answer>"}.'
         system = f"{system}\n\n{instructions}" if system else instructions
 
     turns: list[tuple[str, str]] = []

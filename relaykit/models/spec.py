@@ -32,6 +32,9 @@ class ModelSettings(BaseModel):
     top_p: float | None = None
     max_tokens: int | None = None
     tool_choice: Literal["auto", "required", "none"] | None = None
+    first_turn_tool_choice: Literal["auto", "required", "none"] | None = None
+    """``tool_choice`` for the agent's first model call of a run only: ``"required"`` makes a
+    weak model start by calling a tool instead of guessing an answer."""
     parallel_tool_calls: bool | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Provider-specific fields merged into the request body as they are."""

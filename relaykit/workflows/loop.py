@@ -155,6 +155,8 @@ class TurnLoop:
                 self.emit("message", {"text": message.content})
             self._check_budget()
             if not message.tool_calls:
+                if self.state.mailbox:  # a message arrived during this turn: answer it too
+                    continue
                 done, output = self._final_output(agent, message.content)
                 if done:
                     return self._finish(output)
@@ -223,9 +225,17 @@ class TurnLoop:
             messages=self.transport.messages_for_request(self.state.transcript),
             tools=self.tool_specs(agent),
             output=output.spec if output else None,
-            settings=agent.model_settings or ModelSettings(),
+            settings=self._settings_for(agent),
             reminder=self.children.reminder(),
         )
+
+    def _settings_for(self, agent: Agent) -> ModelSettings:
+        settings = agent.model_settings or ModelSettings()
+        if self.input.answer_on_last_turn and self.state.turn >= self.input.max_turns:
+            return settings.model_copy(update={"tool_choice": "none"})
+        if settings.first_turn_tool_choice and self.state.turn == 1:
+            return settings.model_copy(update={"tool_choice": settings.first_turn_tool_choice})
+        return settings
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
         request = self.build_request(agent)
@@ -516,13 +526,18 @@ class TurnLoop:
         self.state.decisions[decision.call_id] = decision
 
     def validate_approval(self, decision: ApprovalDecision) -> None:
+        if decision.call_id in self.state.decisions:
+            raise ValueError(f"call {decision.call_id!r} was already answered")
         if decision.call_id not in self.state.pending_approvals:
+            if any(
+                event.kind == "approval_answered" and event.data.get("call_id") == decision.call_id
+                for event in self.state.events
+            ):
+                raise ValueError(f"call {decision.call_id!r} was already answered")
             waiting = ", ".join(self.state.pending_approvals) or "none"
             raise ValueError(
                 f"no pending approval with call id {decision.call_id!r} (waiting: {waiting})"
             )
-        if decision.call_id in self.state.decisions:
-            raise ValueError(f"call {decision.call_id!r} was already answered")
 
     # --- handoff --------------------------------------------------------------------------------
 
