@@ -5,6 +5,7 @@ so a crash of a worker, a model server or a machine loses nothing.
 """
 
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.context_policy import ContextPolicy
 from relaykit.client import RunHandle, connect, get_run, run, start_run
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
 from relaykit.handoff import (
@@ -40,6 +41,7 @@ __all__ = [
     "ApprovalDecision",
     "Budget",
     "ConfigurationError",
+    "ContextPolicy",
     "Handoff",
     "HandoffArgs",
     "HandoffCallbackInput",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from relaykit.context_policy import ContextPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.names import tool_name_for
@@ -63,6 +64,9 @@ class Agent:
     """What this agent is good at: used in default handoff and agent-tool descriptions."""
     subagents: Subagents | None = None
     """Background helpers this agent may spawn (see :class:`relaykit.Subagents`)."""
+    context_policy: ContextPolicy | None = None
+    """What to do when the transcript nears the context window (taken from the agent a run
+    starts with; see :class:`relaykit.ContextPolicy`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():

@@ -133,6 +133,7 @@ async def start_run(
     budget: Budget | None = None,
     extra_instructions: str | None = None,
     context: dict[str, Any] | None = None,
+    continue_as_new_after_turns: int | None = None,
     **start_options: Any,
 ) -> RunHandle:
     """Start a run of ``agent`` (by name or object) and return its handle at once."""
@@ -148,6 +149,7 @@ async def start_run(
             budget=budget,
             extra_instructions=extra_instructions,
             context=context or {},
+            continue_as_new_after_turns=continue_as_new_after_turns,
         ),
         id=id or new_run_id(name),
         task_queue=task_queue,

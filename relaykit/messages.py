@@ -111,3 +111,5 @@ class ModelResponse(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     model: str = ""
     finish_reason: str | None = None
+    transcript_ref: str | None = None
+    """Digest of the stored transcript ending with this response (when the request asked)."""

@@ -35,6 +35,8 @@ EventKind = Literal[
     "subagent_started",
     "subagent_finished",
     "error",
+    "context_compacted",
+    "continued_as_new",
     "final",
 ]
 
@@ -139,6 +141,16 @@ class RunState(BaseModel):
     report_queue: list[str] = Field(default_factory=list)
     """Ids of finished tasks whose report waits for the next turn boundary."""
     tasks_started: int = 0
+    context_ref: str | None = None
+    """Digest of the transcript prefix the last model call stored (see relaykit.transcripts)."""
+    context_ref_count: int = 0
+    transcript_offset: int = 0
+    """Messages before this index are kept only in the transcript store (dropped from workflow
+    state at a continue-as-new so the new run's input stays small)."""
+    task: Message | None = None
+    """The original task (first user message); kept through context compaction."""
+    runs: int = 1
+    """How many workflow runs (continue-as-new generations) this run has had."""
 
 
 class RunInput(BaseModel):
@@ -167,6 +179,12 @@ class RunInput(BaseModel):
     """Set for background subagents: where the final report goes."""
     unattended: bool = False
     """No person watches this run: tools needing approval are rejected at once."""
+    transcript_transport: Literal["stored", "inline"] = "stored"
+    """How the transcript reaches model calls (see relaykit.workflows.context)."""
+    continue_as_new_after_turns: int | None = None
+    """Continue as new after this many turns in one workflow run (besides when Temporal suggests
+    it or the history passes ``continue_as_new_after_events``)."""
+    continue_as_new_after_events: int = 10_000
 
 
 class RunResult(BaseModel):
@@ -178,6 +196,10 @@ class RunResult(BaseModel):
     usage: Usage
     turns: int
     transcript: list[Message] = Field(default_factory=list)
+    """The transcript since the run's last continue-as-new (``transcript_offset`` messages
+    before it are in the transcript store, under ``transcript_ref``)."""
+    transcript_ref: str | None = None
+    transcript_offset: int = 0
 
 
 class RunSnapshot(BaseModel):

@@ -23,6 +23,7 @@ from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.search_attributes import ALL as RELAY_SEARCH_ATTRIBUTES
+from relaykit.transcripts import TranscriptStore
 from relaykit.workflows.agent_run import AgentRun
 
 DEFAULT_TASK_QUEUE = "relaykit"
@@ -46,6 +47,9 @@ class Worker:
     """Serve ``agents`` (and every agent they reach) on ``task_queue``.
 
     ``default_model`` serves agents defined without a model; it defaults to ``RELAYKIT_MODEL``.
+    ``transcript_dir`` is where model calls keep transcript prefixes (default
+    ``RELAYKIT_TRANSCRIPT_DIR`` or ``.relaykit/transcripts``); workers serving the same runs should
+    share it (see :mod:`relaykit.transcripts`).
     Extra ``workflows``/``activities`` let you run your own workflows (which may call
     :func:`relaykit.run_agent`) on the same worker.
     """
@@ -60,6 +64,7 @@ class Worker:
         workflows: Sequence[type] = (),
         activities: Sequence[Any] = (),
         search_attributes: bool | None = None,
+        transcript_dir: str | os.PathLike[str] | None = None,
         **worker_options: Any,
     ) -> None:
         roots = [agents] if isinstance(agents, Agent) else list(agents)
@@ -70,6 +75,7 @@ class Worker:
         self._workflows = list(workflows)
         self._activities = list(activities)
         self._search_attributes = search_attributes
+        self.transcripts = TranscriptStore(transcript_dir)
         self._options = worker_options
         self._model_activities: ModelActivities | None = None
         self._worker: TemporalWorker | None = None
@@ -102,7 +108,7 @@ class Worker:
 
             ensure_local_server()
         registry.register(self.task_queue, self.graph)
-        self._model_activities = ModelActivities()
+        self._model_activities = ModelActivities(transcripts=self.transcripts)
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
         activities.extend(tool_activity(t) for t in self.graph.tools.values())
         activities.extend(

@@ -3,6 +3,7 @@ and readers of a run's Temporal history."""
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -13,6 +14,10 @@ from temporalio.client import Client, WorkflowHandle
 
 from relaykit import Agent, ModelSpec, Worker
 from relaykit.testing.scripted_server import ScriptedModelServer
+
+
+TRANSCRIPT_DIR = tempfile.mkdtemp(prefix="relaykit-test-transcripts-")
+"""Where test workers keep transcript prefixes (never the repository's .relaykit/)."""
 
 
 def scripted_model(
@@ -30,6 +35,7 @@ async def serving(
 ) -> AsyncIterator[Worker]:
     """A relaykit worker on a task queue of its own, for the duration of the block."""
     options.setdefault("task_queue", f"tq-{uuid.uuid4().hex[:10]}")
+    options.setdefault("transcript_dir", TRANSCRIPT_DIR)
     async with Worker(client, agents, **options) as worker:
         yield worker
 

@@ -251,7 +251,7 @@ async def test_subagents_without_agents_clone_the_current_agent_without_spawning
             return text("clone report")  # the clone has no spawning tools
         if request.index == 0:
             return call("spawn_subagent", prompt="do it")
-        if not request.tool_results or "clone report" not in " ".join(request.tool_results):
+        if "clone report" not in json.dumps(request.messages):  # as a wait result or a report
             return call("wait_subagents")
         return text("lead done")
 

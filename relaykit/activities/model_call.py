@@ -2,33 +2,76 @@
 decisions (see :mod:`relaykit.models.providers`).
 
 One activity type serves every model call (``relaykit.model_call``); its name is compatibility
-data. API keys are read here, from the worker's environment, so they never enter history.
+data. API keys are read here, from the worker's environment, so they never enter history. The
+transcript usually arrives as a reference plus the newest messages (see
+:mod:`relaykit.transcripts`); it is rebuilt here.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from relaykit.messages import ModelResponse
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
+from relaykit.streaming import DeltaPublisher
+from relaykit.transcripts import TRANSCRIPT_MISSING, TranscriptNotFound, TranscriptStore
 from relaykit.workflows.loop import MODEL_ACTIVITY
 
 
 class ModelActivities:
-    """Holds the HTTP connection pool shared by every model call of one worker."""
+    """Holds the HTTP connection pool and transcript store shared by a worker's model calls."""
 
-    def __init__(self, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient | None = None, transcripts: TranscriptStore | None = None
+    ) -> None:
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(120.0, connect=10.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
         )
+        self.transcripts = transcripts or TranscriptStore()
 
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    async def _full_request(self, request: ModelRequest) -> ModelRequest:
+        if request.base_ref is None:
+            return request
+        try:
+            prefix = await asyncio.to_thread(self.transcripts.load, request.base_ref)
+        except TranscriptNotFound:
+            prefix = None
+        if prefix is None or len(prefix) != request.base_count:
+            raise ApplicationError(
+                f"transcript prefix {request.base_ref[:12]}… is not in this worker's transcript "
+                f"store ({self.transcripts.directory})",
+                type=TRANSCRIPT_MISSING,
+                non_retryable=True,
+            )
+        return request.model_copy(update={"messages": [*prefix, *request.messages], "base_ref": None})
+
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:
-        # Heartbeats let Temporal notice a dead worker long before the call's timeout.
-        return await call_model(request, http=self.http, heartbeat=activity.heartbeat)
+        full = await self._full_request(request)
+        # Heartbeats let Temporal notice a dead worker long before the call's timeout. A
+        # streaming call's heartbeats also carry the text written so far, which clients watching
+        # the run read from the server (relaykit.streaming); they never enter history.
+        if not full.model.stream:
+            response = await call_model(full, http=self.http, heartbeat=activity.heartbeat)
+        else:
+            publisher = DeltaPublisher(activity.heartbeat, activity.info().attempt)
+            try:
+                response = await call_model(
+                    full, http=self.http, on_delta=publisher.on_delta, heartbeat=publisher.heartbeat
+                )
+            finally:
+                publisher.close()
+        if request.store_transcript:
+            response.transcript_ref = await asyncio.to_thread(
+                self.transcripts.save, request.base_ref, [*request.messages, response.message]
+            )
+        return response

@@ -103,3 +103,10 @@ class ModelRequest(BaseModel):
     reminder: str | None = None
     """Transient text appended to the request (e.g. background task status); never saved in the
     transcript."""
+    base_ref: str | None = None
+    """Digest of a transcript prefix in the model workers' transcript store; ``messages`` then
+    holds only what came after it (see :mod:`relaykit.transcripts`)."""
+    base_count: int = 0
+    """How many messages the prefix ``base_ref`` holds (checked when it is loaded)."""
+    store_transcript: bool = False
+    """Store the prefix this call ends with and return its digest (``transcript_ref``)."""

@@ -296,9 +296,10 @@ class Children:
             ),
             id=child_id,
             task_queue=info.task_queue,
-            parent_close_policy=(
-                ParentClosePolicy.ABANDON if capability.detached else ParentClosePolicy.REQUEST_CANCEL
-            ),
+            # ABANDON even when attached: a parent's continue-as-new closes its run, and a
+            # close policy would cancel the task there. The loop cancels unfinished tasks itself
+            # when the run really ends (see close()).
+            parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"{target.name} (background task of {self.state.agent}): {prompt[:120]}",
             search_attributes=loop.child_search_attributes(),
         )

@@ -1,26 +1,64 @@
 """How the transcript reaches the model activity: the one seam for that choice.
 
 Sending the whole transcript in every model activity input makes history grow quadratically
-with the number of turns (each turn re-records everything said before). Keeping that decision
-behind :class:`ContextTransport` lets a run switch to an approach that bounds the bytes a turn
-adds without touching the turn loop.
+with the number of turns (each turn re-records everything said before). The default transport,
+``stored``, sends a reference to the prefix the previous model call stored in the model workers'
+transcript store plus only the newer messages, so the bytes a turn adds stay flat
+(:mod:`relaykit.transcripts`). ``inline`` sends everything every time (simple, and what a run
+falls back to when a worker cannot find a prefix).
+
+Workflow code: deterministic, no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal
 
 from relaykit.messages import Message
+from relaykit.runs import RunState
+
+TransportName = Literal["stored", "inline"]
 
 
-class ContextTransport(Protocol):
-    """Chooses the messages (or references to them) that go into one model request."""
+@dataclass
+class TranscriptPayload:
+    """What one model request carries of the transcript."""
 
-    def messages_for_request(self, transcript: list[Message]) -> list[Message]: ...
+    messages: list[Message]
+    base_ref: str | None = None
+    base_count: int = 0
+    store: bool = False
 
 
-class InlineTransport:
-    """Every request carries the whole transcript inline (simple; history grows with it)."""
+class ContextTransport:
+    """Chooses what of the transcript goes into one model request, and learns from the reply."""
 
-    def messages_for_request(self, transcript: list[Message]) -> list[Message]:
-        return list(transcript)
+    def __init__(self, name: TransportName = "stored") -> None:
+        self.name = name
+
+    def payload(self, state: RunState) -> TranscriptPayload:
+        if self.name == "inline" or state.context_ref is None:
+            if state.transcript_offset:
+                raise LookupError("the transcript's beginning is only in the transcript store")
+            return TranscriptPayload(list(state.transcript), store=self.name == "stored")
+        start = state.context_ref_count - state.transcript_offset
+        return TranscriptPayload(
+            list(state.transcript[start:]),
+            base_ref=state.context_ref,
+            base_count=state.context_ref_count,
+            store=True,
+        )
+
+    def after_response(self, state: RunState, ref: str | None) -> None:
+        """The response (already appended) ends the prefix ``ref`` in the store."""
+        if ref is not None:
+            state.context_ref = ref
+            state.context_ref_count = state.transcript_offset + len(state.transcript)
+
+    @staticmethod
+    def forget(state: RunState) -> None:
+        """The transcript was rewritten (handoff filter, compaction): the stored prefix no
+        longer matches, the next request starts a new chain."""
+        state.context_ref = None
+        state.context_ref_count = 0

@@ -53,7 +53,8 @@ from relaykit.runs import (
 )
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows.children import SUBAGENT_TOOLS, Children
-from relaykit.workflows.context import ContextTransport, InlineTransport
+from relaykit.transcripts import TRANSCRIPT_MISSING
+from relaykit.workflows.context import ContextTransport
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -76,6 +77,7 @@ handoff fails with an error result (Temporal's default policy would retry a brok
 forever and stall the run)."""
 MAX_OUTPUT_RETRIES = 2
 MAX_EVENTS_KEPT = 2_000
+EVENTS_KEPT_ACROSS_RUNS = 200
 
 
 class TurnLoop:
@@ -87,12 +89,11 @@ class TurnLoop:
         run_input: RunInput,
         *,
         output_type: Any = None,
-        transport: ContextTransport | None = None,
     ) -> None:
         self.graph = graph
         self.input = run_input
         self.output_override = OutputType(output_type) if output_type is not None else None
-        self.transport = transport or InlineTransport()
+        self.transport = ContextTransport(run_input.transcript_transport)
         self._output_types: dict[str, OutputType] = {}
         if run_input.state is not None:
             self.state = run_input.state
@@ -107,6 +108,8 @@ class TurnLoop:
         self._pending_switch: tuple[Handoff, str | None] | None = None
         self._background: list[asyncio.Task[Any]] = []
         self.workflow_type = AGENT_RUN_WORKFLOW
+        self._turns_this_run = 0
+        self._last_input_tokens = 0
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -120,10 +123,13 @@ class TurnLoop:
             )
         if self.input.state is None:
             self._start_transcript()
+        if self.input.state is not None:
+            self.emit("continued_as_new", {"run": self.state.runs})
         try:
             result = await self._loop()
-        except ApplicationError:
-            await self._wind_down()
+        except BaseException as exc:  # a failed or cancelled run still stops its background tasks
+            if isinstance(exc, ApplicationError) or is_cancelled_exception(exc):
+                await self._wind_down()
             raise
         await self._wind_down()
         return result
@@ -141,16 +147,20 @@ class TurnLoop:
     async def _loop(self) -> RunResult:
         while True:
             await self._turn_boundary()
+            await self._maybe_continue_as_new()
+            await self._maybe_compact()
             if self.state.turn >= self.input.max_turns:
                 self._fail(
                     f"the run reached max_turns={self.input.max_turns} without a final answer",
                     errors.MAX_TURNS_EXCEEDED,
                 )
             self.state.turn += 1
+            self._turns_this_run += 1
             agent = self.current_agent
             response = await self._call_model(agent)
             message = response.message.model_copy(update={"agent": agent.name})
             self.state.transcript.append(message)
+            self.transport.after_response(self.state, response.transcript_ref)
             if message.content:
                 self.emit("message", {"text": message.content})
             self._check_budget()
@@ -173,6 +183,7 @@ class TurnLoop:
             self.state.transcript.append(Message.user(given))
         else:
             self.state.transcript.extend(given)
+        self.state.task = next((m for m in self.state.transcript if m.role == "user"), None)
         self.emit("run_started", {"input": given if isinstance(given, str) else len(given)})
 
     async def _turn_boundary(self) -> None:
@@ -219,10 +230,21 @@ class TurnLoop:
 
     def build_request(self, agent: Agent) -> ModelRequest:
         output = self._output_type_for(agent)
+        try:
+            payload = self.transport.payload(self.state)
+        except LookupError:
+            self._fail(
+                "the start of the transcript is only in the transcript store, which the model "
+                "worker could not read",
+                TRANSCRIPT_MISSING,
+            )
         return ModelRequest(
             model=self.graph.model_for(agent),
             system=self.system_prompt(agent),
-            messages=self.transport.messages_for_request(self.state.transcript),
+            messages=payload.messages,
+            base_ref=payload.base_ref,
+            base_count=payload.base_count,
+            store_transcript=payload.store,
             tools=self.tool_specs(agent),
             output=output.spec if output else None,
             settings=self._settings_for(agent),
@@ -238,10 +260,23 @@ class TurnLoop:
         return settings
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
-        request = self.build_request(agent)
+        try:
+            response = await self._execute_model_call(self.build_request(agent), agent)
+        except ActivityError as exc:
+            cause = exc.cause
+            if not (isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING):
+                raise
+            # This worker cannot see the stored prefix: start a new chain, sending it all.
+            self.transport.forget(self.state)
+            response = await self._execute_model_call(self.build_request(agent), agent)
+        self.add_usage(response.usage, check=False)
+        self._last_input_tokens = response.usage.input_tokens
+        return response
+
+    async def _execute_model_call(self, request: ModelRequest, agent: Agent) -> ModelResponse:
         spec = request.model
         try:
-            response = await workflow.execute_activity(
+            return await workflow.execute_activity(
                 MODEL_ACTIVITY,
                 request,
                 result_type=ModelResponse,
@@ -254,14 +289,15 @@ class TurnLoop:
             if is_cancelled_exception(exc):
                 raise  # the run is being cancelled: end as cancelled, not failed
             cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING:
+                if request.base_ref is not None:
+                    raise
             kind = cause.type if isinstance(cause, ApplicationError) else None
             detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
             self._fail(
                 f"model call failed for agent {agent.name!r} at turn {self.state.turn}: {detail}",
                 kind or errors.MODEL_CALL_FAILED,
             )
-        self.add_usage(response.usage, check=False)
-        return response
 
     def _final_output(self, agent: Agent, text: str) -> tuple[bool, Any]:
         output_type = self._output_type_for(agent)
@@ -295,6 +331,8 @@ class TurnLoop:
             usage=self.state.usage,
             turns=self.state.turn,
             transcript=self.state.transcript,
+            transcript_ref=self.state.context_ref,
+            transcript_offset=self.state.transcript_offset,
         )
 
     # --- budget ---------------------------------------------------------------------------------
@@ -586,6 +624,8 @@ class TurnLoop:
                     HandoffInputData(source=source, target=target, history=self.state.transcript)
                 )
             )
+            self.state.transcript_offset = 0
+            self.transport.forget(self.state)
         self.state.agent = target
         self.state.output_retries = 0
         self.state.run_path = [*self.state.run_path, target]
@@ -594,6 +634,92 @@ class TurnLoop:
             {"from": source, "to": target, "reason": reason, "turn": self.state.turn},
             agent=source,
         )
+
+    # --- long runs: continue-as-new and context compaction -----------------------------------
+
+    async def _maybe_continue_as_new(self) -> None:
+        """At a turn boundary, hand the run to a fresh workflow run when history grows large.
+
+        Nothing is half-handled here: the turn's tool calls, handoff and approvals are done, and
+        signal/update handlers are drained first. Background subagents report by workflow id, so
+        they reach the new run.
+        """
+        if self._turns_this_run == 0:
+            return
+        info = workflow.info()
+        every = self.input.continue_as_new_after_turns
+        if not (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self.input.continue_as_new_after_events
+            or (every is not None and self._turns_this_run >= every)
+        ):
+            return
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._background:
+            await asyncio.gather(*self._background)
+            self._background.clear()
+        state = self.state.model_copy(deep=True)
+        if state.context_ref is not None:  # the stored prefix need not travel in the input
+            state.transcript = state.transcript[state.context_ref_count - state.transcript_offset :]
+            state.transcript_offset = state.context_ref_count
+        kept = state.events[-EVENTS_KEPT_ACROSS_RUNS:]
+        state.event_offset += len(state.events) - len(kept)
+        state.events = kept
+        state.runs += 1
+        workflow.continue_as_new(self.input.model_copy(update={"state": state}))
+
+    async def _maybe_compact(self) -> None:
+        policy = self.graph.agents.get(self.input.agent, self.current_agent).context_policy
+        if policy is None or self._last_input_tokens < policy.max_input_tokens:
+            return
+        transcript = self.state.transcript
+        turn_starts = [i for i, m in enumerate(transcript) if m.role == "assistant"]
+        if len(turn_starts) <= policy.keep_last_turns:
+            return
+        cut = turn_starts[-policy.keep_last_turns] if policy.keep_last_turns else len(transcript)
+        task = self.state.task
+        old = [m for m in transcript[:cut] if m != task]
+        if not old:
+            return
+        if policy.strategy == "summarize":
+            summary = await self._summarize(old, policy.summary_instructions)
+        else:
+            summary = f"[{len(old)} earlier messages were removed to fit the context window]"
+        archived = self.state.context_ref
+        head = [task] if task is not None else []
+        self.state.transcript = [
+            *head,
+            Message.user(f"Summary of the conversation so far:\n{summary}"),
+            *transcript[cut:],
+        ]
+        self.state.transcript_offset = 0
+        self.transport.forget(self.state)
+        self._last_input_tokens = 0
+        self.emit(
+            "context_compacted",
+            {"removed": len(old), "strategy": policy.strategy, "archived_ref": archived},
+        )
+
+    async def _summarize(self, messages: list[Message], instructions: str) -> str:
+        lines = []
+        for m in messages:
+            if m.role == "tool":
+                lines.append(f"[tool {m.name} returned] {_head(m.content, 2000)}")
+            elif m.role == "assistant":
+                if m.content:
+                    lines.append(f"[{m.agent or 'assistant'}] {_head(m.content, 2000)}")
+                lines.extend(f"[{m.agent or 'assistant'} called {c.name}] {_head(c.arguments, 500)}" for c in m.tool_calls)
+            else:
+                lines.append(f"[user] {_head(m.content, 2000)}")
+        agent = self.current_agent
+        request = ModelRequest(
+            model=self.graph.model_for(agent),
+            system=instructions,
+            messages=[Message.user("\n".join(lines))],
+        )
+        response = await self._execute_model_call(request, agent)
+        self.add_usage(response.usage)
+        return response.message.content
 
     # --- events and status ----------------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""Content-addressed transcript storage for model activities (activity side).
+
+Why: if every model activity input carried the whole transcript, a run's history would grow
+quadratically with its number of turns and long research jobs would hit Temporal's history
+limits. Instead the workflow sends a *reference* to the transcript prefix the model activity
+already saw, plus only the messages added since; the activity rebuilds the full transcript from
+this store, calls the model, and stores the new prefix. The bytes a turn adds to history then no
+longer grow with the transcript.
+
+The store is a chain of nodes ``digest → (parent digest, messages)``; a digest is the SHA-256 of
+the parent digest and the canonical JSON of the messages, so equal prefixes share nodes and the
+chain doubles as an audit log of everything the model was sent. Nodes live in a directory
+(default ``.relaykit/transcripts``; ``RELAYKIT_TRANSCRIPT_DIR``) that every worker running model
+activities for a run should share (a network volume, or a synced bucket). A worker that cannot
+find a prefix answers ``TranscriptMissing`` and the run resends the transcript inline: a missing
+store costs bytes, never correctness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+from relaykit.messages import Message
+
+DEFAULT_DIR = Path(".relaykit") / "transcripts"
+TRANSCRIPT_MISSING = "TranscriptMissing"
+"""ApplicationError type a model activity raises when it cannot rebuild a prefix."""
+
+
+class TranscriptNotFound(LookupError):
+    pass
+
+
+def _canonical(messages: list[Message]) -> str:
+    return json.dumps(
+        [m.model_dump(mode="json", exclude={"agent"}) for m in messages],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def node_digest(parent: str | None, messages: list[Message]) -> str:
+    hasher = hashlib.sha256()
+    hasher.update((parent or "").encode())
+    hasher.update(b"\0")
+    hasher.update(_canonical(messages).encode())
+    return hasher.hexdigest()
+
+
+class TranscriptStore:
+    """A directory of chain nodes, with a small in-memory cache of whole transcripts."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, cache_size: int = 64):
+        self.directory = Path(directory or os.environ.get("RELAYKIT_TRANSCRIPT_DIR") or DEFAULT_DIR)
+        self._cache: OrderedDict[str, list[Message]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _path(self, digest: str) -> Path:
+        return self.directory / digest[:2] / f"{digest}.json"
+
+    def save(self, parent: str | None, messages: list[Message]) -> str:
+        """Store ``messages`` after the prefix ``parent``; return the new prefix's digest."""
+        digest = node_digest(parent, messages)
+        path = self._path(digest)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(
+                json.dumps({"parent": parent, "messages": json.loads(_canonical(messages))}),
+                encoding="utf-8",
+            )
+            os.replace(tmp, path)  # atomic: readers never see half a node
+        if parent is None or parent in self._cache:
+            base = self._cache.get(parent, []) if parent else []
+            self._remember(digest, [*base, *messages])
+        return digest
+
+    def load(self, digest: str) -> list[Message]:
+        """The whole transcript whose prefix digest is ``digest``."""
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self._cache.move_to_end(digest)
+            return list(cached)
+        chunks: list[list[Message]] = []
+        cursor: str | None = digest
+        while cursor is not None:
+            if cursor in self._cache:
+                chunks.append(self._cache[cursor])
+                break
+            try:
+                node = json.loads(self._path(cursor).read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                raise TranscriptNotFound(cursor) from None
+            chunks.append([Message.model_validate(m) for m in node["messages"]])
+            cursor = node["parent"]
+        messages = [m for chunk in reversed(chunks) for m in chunk]
+        self._remember(digest, messages)
+        return list(messages)
+
+    def _remember(self, digest: str, messages: list[Message]) -> None:
+        self._cache[digest] = messages
+        self._cache.move_to_end(digest)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
