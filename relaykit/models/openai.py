@@ -291,6 +291,13 @@ def parse_constrained(text: str, request: ModelRequest) -> Message:
     ignored the grammar degrades to an ordinary reply instead of a failed call.
     """
     if not _constrained_tools(request):
+        if request.tools and request.output is None:  # tools withheld: the reply envelope
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("reply"), str):
+                return Message.assistant(data["reply"])
         return Message.assistant(text)
     candidate = text
     fenced = _FENCE.match(text)
@@ -421,7 +428,10 @@ class StreamAccumulator:
 
     def __init__(self, request: ModelRequest) -> None:
         self.request = request
-        self.constrained = request.model.tool_calls == "constrained"
+        # Only JSON answers are held back; free text (no tools, no output schema) streams live.
+        self.constrained = (
+            request.model.tool_calls == "constrained" and constrained_schema(request) is not None
+        )
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._usage = Usage(requests=1)

@@ -569,11 +569,16 @@ async def _call_streaming(
         else anthropic_format.StreamAccumulator(request)
     )
     saw_done = False
+    headers = endpoint.headers
+    if request.model.provider == "local":
+        # llama.cpp's server sometimes drops a kept-alive connection after a streamed answer,
+        # failing the next request on it: do not reuse streaming connections there.
+        headers = {**headers, "connection": "close"}
     async with http.stream(
         "POST",
         endpoint.url,
         json=body,
-        headers=endpoint.headers,
+        headers=headers,
         timeout=httpx.Timeout(request.model.timeout_seconds),
     ) as response:
         if not 200 <= response.status_code < 300:
