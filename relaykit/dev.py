@@ -137,11 +137,31 @@ async def _serve(
     return server, worker, choice
 
 
+def find_scripted_responder(target: str) -> object | None:
+    """A module's own scripted stand-in for a model: ``scripted_responder``, else its single
+    ``scripted_*`` function (examples ship one so they run offline)."""
+    import importlib
+
+    module = importlib.import_module(target.partition(":")[0])
+    named = getattr(module, "scripted_responder", None)
+    if callable(named):
+        return named
+    found = {
+        id(value): value
+        for name, value in vars(module).items()
+        if name.startswith("scripted_") and callable(value)
+        and getattr(value, "__module__", None) == module.__name__
+    }
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
 async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
     from relaykit.testing.scripted_server import echo
 
+    load_agents(target)  # a clear error for a bad module before anything starts
+    responder = find_scripted_responder(target) or echo
     async with AsyncExitStack() as stack:
-        await _serve(stack, target, port, ui_port, data_dir, task_queue, echo)
+        await _serve(stack, target, port, ui_port, data_dir, task_queue, responder)
         console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
         await asyncio.Event().wait()
 

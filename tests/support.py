@@ -16,8 +16,16 @@ from relaykit import Agent, ModelSpec, Worker
 from relaykit.testing.scripted_server import ScriptedModelServer
 
 
-TRANSCRIPT_DIR = tempfile.mkdtemp(prefix="relaykit-test-transcripts-")
-"""Where test workers keep transcript prefixes (never the repository's .relaykit/)."""
+_transcript_dir: list[str] = []
+
+
+def transcript_dir() -> str:
+    """Where test workers keep transcript prefixes (never the repository's .relaykit/). Made
+    on first use: test modules are also imported inside the workflow sandbox, which forbids
+    file-system calls at import time."""
+    if not _transcript_dir:
+        _transcript_dir.append(tempfile.mkdtemp(prefix="relaykit-test-transcripts-"))
+    return _transcript_dir[0]
 
 
 def scripted_model(
@@ -35,7 +43,7 @@ async def serving(
 ) -> AsyncIterator[Worker]:
     """A relaykit worker on a task queue of its own, for the duration of the block."""
     options.setdefault("task_queue", f"tq-{uuid.uuid4().hex[:10]}")
-    options.setdefault("transcript_dir", TRANSCRIPT_DIR)
+    options.setdefault("transcript_dir", transcript_dir())
     async with Worker(client, agents, **options) as worker:
         yield worker
 

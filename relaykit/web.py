@@ -1,0 +1,824 @@
+"""Reading the web from a tool: ``fetch_url`` returns a page as readable text.
+
+The tool is an ordinary :func:`relaykit.tool` (its own activity type, named ``fetch_url``). It
+fetches one URL with httpx and turns what came back into text a model can read: HTML becomes
+the page title plus its headings, paragraphs and list items (scripts, styles and navigation
+dropped, whitespace collapsed); plain text, JSON and XML pass through; binaries are refused.
+
+Safety limits, all set with :func:`make_fetch_url`:
+
+- **No private-network targets.** The host is resolved first (``socket.getaddrinfo`` in a
+  thread) and the fetch is refused when any address is loopback, private, link-local, shared,
+  multicast, reserved or unspecified, so a model cannot be talked into reading a cloud metadata
+  endpoint or an intranet service. The connection then goes to the address that was checked
+  (the name still travels in ``Host`` and TLS SNI), so a second DNS answer cannot swap in
+  another target. Every redirect hop is checked the same way. ``allow_private=True``, the
+  ``allowed_hosts`` list, or the worker's environment (``RELAYKIT_FETCH_ALLOW_PRIVATE=1``,
+  ``RELAYKIT_FETCH_ALLOWED_HOSTS=a.example,10.0.0.0/8``) lift the rule. The environment is
+  read when the tool runs, i.e. on the worker. Proxy variables (``HTTP_PROXY`` …) are ignored:
+  a proxy would resolve the name again, out of reach of the check.
+- **Size:** at most ``max_bytes`` of (decoded) body are read; the text is cut to ``max_chars``
+  with a marker saying so.
+- **Time:** ``connect_timeout`` for each connection, and ``timeout`` for the whole fetch,
+  redirects included (a server that trickles bytes cannot hold the tool).
+- **Redirects:** at most ``max_redirects`` hops, each one checked.
+
+What the model sees, and what is retried:
+
+- A result it can act on (HTTP 404 and other client errors, a refused host, a timeout, a binary
+  file, a name that does not resolve, too many redirects) raises :class:`FetchError`, which
+  relaykit turns into an error tool result at once: retrying would give the same answer, and a
+  timeout retried three times only triples the wait. The model may try again or choose another
+  source.
+- A failure a retry may well fix (HTTP 408, 425, 429, 500, 502, 503, 504; a connection refused,
+  reset or dropped mid-response; a temporary DNS failure) raises a retryable
+  :class:`temporalio.exceptions.ApplicationError` of type ``FetchTransientError``, so Temporal
+  retries the activity with backoff (``Retry-After`` is honoured, up to a minute). After the
+  last attempt of the tool's retry policy (3 by default) the model gets an error result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import ipaddress
+import os
+import re
+import socket
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from email.utils import parsedate_to_datetime
+from html.parser import HTMLParser
+
+import httpx
+from temporalio import activity
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+from relaykit.errors import ConfigurationError
+from relaykit.tools import Tool, tool
+
+DEFAULT_MAX_BYTES = 2_000_000
+DEFAULT_MAX_CHARS = 20_000
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_MAX_REDIRECTS = 5
+DEFAULT_USER_AGENT = "relaykit-fetch/0.1 (an LLM agent's fetch_url tool)"
+DEFAULT_FETCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+)
+"""Retries of transient failures (``FetchTransientError``); nothing else is retried."""
+
+ENV_ALLOW_PRIVATE = "RELAYKIT_FETCH_ALLOW_PRIVATE"
+ENV_ALLOWED_HOSTS = "RELAYKIT_FETCH_ALLOWED_HOSTS"
+TRANSIENT_ERROR_TYPE = "FetchTransientError"
+
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+MAX_RETRY_AFTER = 60.0
+_SNIFF_BYTES = 1024
+_READ_CHUNK = 65_536
+
+TEXT_TYPES = frozenset(
+    {
+        "application/json",
+        "application/ld+json",
+        "application/xml",
+        "application/xhtml+xml",
+        "application/rss+xml",
+        "application/atom+xml",
+        "application/javascript",
+        "application/x-javascript",
+        "application/x-ndjson",
+        "application/yaml",
+        "application/x-yaml",
+        "application/toml",
+        "application/csv",
+    }
+)
+HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+
+
+class FetchError(Exception):
+    """A fetch failed in a way the model should hear about (becomes an error tool result)."""
+
+
+class FetchRefused(FetchError):
+    """The URL, its address or its content is not something ``fetch_url`` may read."""
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """The limits of one ``fetch_url`` tool (see :func:`make_fetch_url`)."""
+
+    allow_private: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_chars: int = DEFAULT_MAX_CHARS
+    timeout: float = DEFAULT_TIMEOUT
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    max_redirects: int = DEFAULT_MAX_REDIRECTS
+    user_agent: str = DEFAULT_USER_AGENT
+    verify: bool | ssl.SSLContext = True
+    """TLS certificate verification (an ``ssl.SSLContext`` for a private CA)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Which addresses may be fetched
+# --------------------------------------------------------------------------------------------
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class _HostRules:
+    allow_private: bool
+    names: tuple[str, ...]
+    """Lower-case host names; a leading dot also admits every subdomain."""
+    networks: tuple[IPNetwork, ...]
+
+    @classmethod
+    def build(cls, config: FetchConfig, env: dict[str, str] | None = None) -> _HostRules:
+        env = dict(os.environ) if env is None else env
+        allow = config.allow_private or env.get(ENV_ALLOW_PRIVATE, "").strip().lower() in (
+            "1", "true", "yes", "on",
+        )
+        entries = list(config.allowed_hosts)
+        entries += [e for e in env.get(ENV_ALLOWED_HOSTS, "").split(",") if e.strip()]
+        names: list[str] = []
+        networks: list[IPNetwork] = []
+        for entry in entries:
+            network = _parse_network(entry)
+            if network is not None:
+                networks.append(network)
+            else:
+                names.append(_normalise_host_entry(entry))
+        return cls(allow, tuple(names), tuple(networks))
+
+    def host_allowed(self, host: str) -> bool:
+        host = host.lower().rstrip(".")
+        return any(
+            host == name or (name.startswith(".") and (host.endswith(name) or host == name[1:]))
+            for name in self.names
+        )
+
+    def address_allowed(self, address: IPAddress) -> bool:
+        return any(address in network for network in self.networks)
+
+
+def _parse_network(entry: str) -> IPNetwork | None:
+    text = entry.strip().strip("[]")
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return None
+
+
+def _normalise_host_entry(entry: str) -> str:
+    name = entry.strip().lower().rstrip(".")
+    if name.startswith("*."):
+        name = name[1:]
+    if not name or "/" in name or ":" in name:
+        raise ConfigurationError(
+            f"allowed_hosts entry {entry!r} is neither a host name nor an IP address/network",
+            hint='use names ("intranet.example", ".example" for subdomains) or networks '
+            '("10.0.0.0/8")',
+        )
+    return name
+
+
+def is_public_address(address: IPAddress) -> bool:
+    """Whether ``address`` is an ordinary public Internet address (the only kind ``fetch_url``
+    reads unless configured otherwise)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is None and address in _NAT64:
+            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if embedded is not None and not is_public_address(embedded):
+            return False
+    return not (
+        not address.is_global
+        or address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+    )
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+async def _resolve(host: str, port: int) -> list[IPAddress]:
+    try:
+        infos = await asyncio.to_thread(
+            socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM, socket.IPPROTO_TCP
+        )
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_AGAIN:
+            raise ApplicationError(
+                f"temporary DNS failure resolving {host}: {exc.strerror}",
+                type=TRANSIENT_ERROR_TYPE,
+            ) from None
+        raise FetchError(f"cannot resolve host {host!r}: {exc.strerror or exc}") from None
+    addresses: list[IPAddress] = []
+    for _family, _type, _proto, _canon, sockaddr in infos:
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if address not in addresses:
+            addresses.append(address)
+    if not addresses:
+        raise FetchError(f"cannot resolve host {host!r}: no addresses")
+    return addresses
+
+
+async def _checked_addresses(url: httpx.URL, rules: _HostRules) -> list[IPAddress]:
+    """Resolve the URL's host; refuse it when it reaches a non-public address it may not."""
+    host = url.raw_host.decode("ascii")
+    addresses = await _resolve(host, url.port or _default_port(url))
+    if rules.allow_private or rules.host_allowed(url.host):
+        return addresses
+    blocked = [a for a in addresses if not is_public_address(a) and not rules.address_allowed(a)]
+    if blocked:
+        raise FetchRefused(
+            f"refused to fetch {url}: host {url.host} resolves to the non-public address "
+            f"{blocked[0]} (loopback, private, link-local or reserved networks are not "
+            "fetched unless the tool is configured to allow them)"
+        )
+    return addresses
+
+
+def _default_port(url: httpx.URL) -> int:
+    return 443 if url.scheme == "https" else 80
+
+
+def _check_url(raw: str | httpx.URL) -> httpx.URL:
+    try:
+        url = raw if isinstance(raw, httpx.URL) else httpx.URL(raw.strip())
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise FetchError(f"not a valid URL: {raw!r} ({exc})") from None
+    if url.scheme not in ("http", "https"):
+        raise FetchRefused(f"refused to fetch {raw!r}: only http:// and https:// URLs are fetched")
+    if not url.host:
+        raise FetchError(f"not a valid URL: {raw!r} (no host)")
+    return url.copy_with(fragment=None)
+
+
+# --------------------------------------------------------------------------------------------
+# Fetching
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FetchedPage:
+    """What one fetch produced (the body already decoded to text)."""
+
+    url: str
+    """The final URL, after redirects."""
+    requested_url: str
+    status: int
+    content_type: str
+    body: str
+    truncated_bytes: bool
+    """The body was longer than ``max_bytes`` and only its first ``max_bytes`` were read."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+async def fetch_page(url: str, config: FetchConfig) -> FetchedPage:
+    """Fetch ``url`` under ``config``'s rules (raises :class:`FetchError` or a retryable
+    ``ApplicationError``, see the module docstring)."""
+    current = requested = _check_url(url)
+    rules = _HostRules.build(config)
+    timeout = httpx.Timeout(config.timeout, connect=min(config.connect_timeout, config.timeout))
+    try:
+        async with asyncio.timeout(config.timeout), httpx.AsyncClient(
+            timeout=timeout, follow_redirects=False, trust_env=False, verify=config.verify
+        ) as client:
+            for _hop in range(config.max_redirects + 1):
+                addresses = await _checked_addresses(current, rules)
+                async with _open(client, current, addresses, config) as response:
+                    if response.status_code in REDIRECT_STATUSES and "location" in response.headers:
+                        current = _check_url(current.join(response.headers["location"]))
+                        continue
+                    _check_status(response, current)
+                    content_type = _content_type(response)
+                    _refuse_binary_type(content_type, current)
+                    raw, truncated = await _read_limited(response, config.max_bytes)
+                    if _looks_binary(raw):
+                        raise FetchRefused(
+                            f"refused {current}: the content looks binary, not text "
+                            "(fetch_url reads HTML, plain text, JSON and XML)"
+                        )
+                    return FetchedPage(
+                        url=str(current),
+                        requested_url=str(requested),
+                        status=response.status_code,
+                        content_type=content_type,
+                        body=_decode(raw, response, content_type),
+                        truncated_bytes=truncated,
+                        max_bytes=config.max_bytes,
+                    )
+            raise FetchError(
+                f"too many redirects (more than {config.max_redirects}) from {requested}"
+            )
+    except TimeoutError:
+        raise FetchError(
+            f"timed out after {config.timeout:g} s fetching {current}: the site is slow or "
+            "unreachable; try again later or use another source"
+        ) from None
+
+
+@contextlib.asynccontextmanager
+async def _open(
+    client: httpx.AsyncClient, url: httpx.URL, addresses: list[IPAddress], config: FetchConfig
+) -> AsyncIterator[httpx.Response]:
+    """Send the request to the checked addresses (the first that accepts a connection)."""
+    headers = {
+        "Host": _host_header(url),
+        "User-Agent": config.user_agent,
+        "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,"
+        "*/*;q=0.1",
+    }
+    extensions = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
+    last_error: Exception | None = None
+    for address in addresses:
+        pinned = url.copy_with(host=str(address))
+        request = client.build_request("GET", pinned, headers=headers, extensions=extensions)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            if _tls_failure(exc):
+                message = f"TLS handshake with {url.host} failed: {_describe(exc)}"
+                raise FetchError(message) from None
+            last_error = exc
+            continue
+        except httpx.TimeoutException:
+            raise TimeoutError from None
+        except httpx.TransportError as exc:
+            raise _transient(f"network error fetching {url}: {_describe(exc)}") from None
+        try:
+            yield response
+        except httpx.TimeoutException:
+            raise TimeoutError from None
+        except httpx.TransportError as exc:
+            raise _transient(f"connection lost while reading {url}: {_describe(exc)}") from None
+        finally:
+            await response.aclose()
+        return
+    raise _transient(f"could not connect to {url.host}: {_describe(last_error)}")
+
+
+def _host_header(url: httpx.URL) -> str:
+    host = url.raw_host.decode("ascii")
+    if ":" in host:
+        host = f"[{host}]"
+    return host if url.port in (None, _default_port(url)) else f"{host}:{url.port}"
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """A certificate or TLS protocol error: retrying would fail the same way."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no address accepted the connection"
+    return str(exc) or type(exc).__name__
+
+
+def _transient(message: str, retry_after: float | None = None) -> ApplicationError:
+    delay = timedelta(seconds=retry_after) if retry_after else None
+    return ApplicationError(message, type=TRANSIENT_ERROR_TYPE, next_retry_delay=delay)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        date = response.headers.get("date")
+        try:
+            now = parsedate_to_datetime(date) if date else None
+        except (TypeError, ValueError):
+            now = None
+        if now is None:
+            return None
+        seconds = (when - now).total_seconds()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER) or None
+
+
+def _check_status(response: httpx.Response, url: httpx.URL) -> None:
+    status = response.status_code
+    if 200 <= status < 300:
+        return
+    reason = response.reason_phrase or ""
+    if status in TRANSIENT_STATUSES:
+        raise _transient(f"HTTP {status} {reason} from {url}".strip(), _retry_after(response))
+    if status in REDIRECT_STATUSES:
+        raise FetchError(f"HTTP {status} {reason} from {url} without a Location header")
+    raise FetchError(f"HTTP {status} {reason} for {url}".replace("  ", " "))
+
+
+def _content_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _is_text_type(content_type: str) -> bool:
+    return (
+        content_type.startswith("text/")
+        or content_type in TEXT_TYPES
+        or content_type.endswith(("+json", "+xml"))
+    )
+
+
+def _refuse_binary_type(content_type: str, url: httpx.URL) -> None:
+    if content_type and not _is_text_type(content_type):
+        raise FetchRefused(
+            f"refused {url}: its content type is {content_type}, not text (fetch_url reads "
+            "HTML, plain text, JSON and XML; binary files such as images, PDFs and archives "
+            "are not fetched)"
+        )
+
+
+def _looks_binary(raw: bytes) -> bool:
+    head = raw[:_SNIFF_BYTES]
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return False
+    return b"\x00" in head
+
+
+async def _read_limited(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
+    """Read at most ``max_bytes`` of the (decoded) body."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes(_READ_CHUNK):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            return b"".join(chunks)[:max_bytes], True
+    return b"".join(chunks), False
+
+
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
+
+
+def _decode(raw: bytes, response: httpx.Response, content_type: str) -> str:
+    for bom, encoding in (
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
+        if raw.startswith(bom):
+            return raw.decode(encoding, errors="replace")
+    candidates = [response.charset_encoding]
+    if content_type in HTML_TYPES or content_type.endswith("xml"):
+        match = _META_CHARSET.search(raw[:4096])
+        if match:
+            candidates.append(match.group(1).decode("ascii", "replace"))
+    for name in candidates:
+        if not name:
+            continue
+        try:
+            codecs.lookup(name)
+        except LookupError:
+            continue
+        return raw.decode(name, errors="replace")
+    return raw.decode("utf-8", errors="replace")
+
+
+# --------------------------------------------------------------------------------------------
+# HTML to text
+# --------------------------------------------------------------------------------------------
+
+#: Elements whose content is never text a reader wants.
+SKIPPED_TAGS = frozenset(
+    {
+        "script", "style", "noscript", "template", "svg", "math", "nav", "iframe", "object",
+        "embed", "canvas", "select", "datalist", "head",
+    }
+)
+_VOID_TAGS = frozenset(
+    {
+        "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
+        "source", "track", "wbr",
+    }
+)
+_HEADINGS = {f"h{n}": n for n in range(1, 7)}
+_BLOCK_TAGS = frozenset(
+    {
+        "p", "div", "section", "article", "main", "header", "footer", "aside", "blockquote",
+        "figure", "figcaption", "table", "tr", "ul", "ol", "dl", "dt", "dd", "form", "fieldset",
+        "address", "details", "summary", "body", "html", "hr", "caption",
+    }
+)
+_CELL_TAGS = frozenset({"td", "th"})
+_SPACE = re.compile(r"\s+")
+_BREAK = "\x00"  # a <br> inside a block, until the block is flushed
+
+
+class _ReadableText(HTMLParser):
+    """Collects a page's title and its text blocks (headings, paragraphs, list items)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.title: str | None = None
+        self.blocks: list[tuple[bool, str]] = []
+        """(is a list item, text) per block."""
+        self._skip: list[str] = []
+        self._in_title = False
+        self._title_parts: list[str] = []
+        self._inline: list[str] = []
+        self._prefix = ""
+        self._pre = 0
+
+    # block handling
+
+    def _flush(self) -> None:
+        if self._pre:
+            text = "".join(self._inline).strip("\n")
+            text = "\n".join(line.rstrip() for line in text.splitlines())
+        else:
+            text = _SPACE.sub(" ", "".join(self._inline))
+            text = "\n".join(line.strip() for line in text.split(_BREAK) if line.strip())
+        if text:
+            self.blocks.append((self._prefix == "- ", self._prefix + text))
+        self._inline = []
+        self._prefix = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "title" and self.title is None and self._skip in ([], ["head"]):
+            self._in_title = True
+            return
+        if tag == "body" and "head" in self._skip:
+            self._skip.clear()  # an unclosed <head> ends where the body starts
+        if self._skip:
+            if tag not in _VOID_TAGS:
+                self._skip.append(tag)
+            return
+        hidden = any(
+            (name == "hidden") or (name == "aria-hidden" and (value or "").lower() == "true")
+            for name, value in attrs
+        )
+        if tag in SKIPPED_TAGS or (hidden and tag not in _VOID_TAGS):
+            self._flush()
+            self._skip.append(tag)
+            return
+        if tag in _HEADINGS:
+            self._flush()
+            self._prefix = "#" * _HEADINGS[tag] + " "
+        elif tag == "li":
+            self._flush()
+            self._prefix = "- "
+        elif tag == "pre":
+            self._flush()
+            self._pre += 1
+        elif tag == "br":
+            self._inline.append("\n" if self._pre else _BREAK)
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+        elif tag in _CELL_TAGS:
+            self._inline.append(" ")
+        elif tag == "img":
+            alt = dict(attrs).get("alt")
+            if alt and alt.strip():
+                self._inline.append(f" [{alt.strip()}] ")
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in _VOID_TAGS:
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title" and self._in_title:
+            self._in_title = False
+            title = _SPACE.sub(" ", "".join(self._title_parts)).strip()
+            self.title = title or None
+            return
+        if self._skip:
+            if tag in self._skip:
+                while self._skip and self._skip.pop() != tag:
+                    pass
+            return
+        if tag in _HEADINGS or tag == "li" or tag in _BLOCK_TAGS:
+            self._flush()
+        elif tag == "pre" and self._pre:
+            self._flush()
+            self._pre -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self._title_parts.append(data)
+        elif not self._skip:
+            self._inline.append(data)
+
+    def close(self) -> None:
+        super().close()
+        self._flush()
+        if self._in_title:  # an unclosed <title>
+            self.handle_endtag("title")
+
+
+def html_to_text(html: str) -> tuple[str | None, str]:
+    """``(title, text)`` of an HTML document: headings (as ``#`` lines), paragraphs and list
+    items (``- ``) one per block, without scripts, styles, navigation or hidden elements."""
+    parser = _ReadableText()
+    try:
+        parser.feed(html)
+        parser.close()
+    except AssertionError:  # very broken markup: keep what was parsed
+        parser._flush()
+    parts: list[str] = []
+    previous_item = False
+    for is_item, block in parser.blocks:
+        if parts:
+            parts.append("\n" if is_item and previous_item else "\n\n")  # lists stay together
+        parts.append(block)
+        previous_item = is_item
+    return parser.title, "".join(parts)
+
+
+def _normalise_text(text: str) -> str:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def render_page(page: FetchedPage, max_chars: int) -> str:
+    """The text the model reads: a short header (URL, title) and the readable content."""
+    sniffed_html = page.body.lstrip()[:15].lower().startswith(("<!doctype html", "<html"))
+    if page.content_type in HTML_TYPES or (not page.content_type and sniffed_html):
+        title, text = html_to_text(page.body)
+    else:
+        title, text = None, _normalise_text(page.body)
+    header = [f"URL: {page.url}"]
+    if page.url != page.requested_url:
+        header[0] += f" (redirected from {page.requested_url})"
+    if title:
+        header.append(f"Title: {title}")
+    if page.content_type and page.content_type not in HTML_TYPES:
+        header.append(f"Content-Type: {page.content_type}")
+    notes = []
+    if page.truncated_bytes:
+        notes.append(
+            f"[… page truncated by fetch_url: only its first {page.max_bytes:,} bytes were read]"
+        )
+    body = text or "(no readable text on this page)"
+    result = "\n".join(header) + "\n\n" + body
+    if len(result) > max_chars:
+        dropped = len(result) - max_chars
+        result = result[:max_chars] + (
+            f"\n\n[… truncated by fetch_url: {dropped:,} more characters not shown]"
+        )
+    elif notes:
+        result += "\n\n" + "\n".join(notes)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# The tool
+# --------------------------------------------------------------------------------------------
+
+
+def make_fetch_url(
+    *,
+    allow_private: bool = False,
+    allowed_hosts: Sequence[str] = (),
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    timeout: float = DEFAULT_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    max_redirects: int = DEFAULT_MAX_REDIRECTS,
+    heartbeat_timeout: float | None = None,
+    retry: RetryPolicy | None = DEFAULT_FETCH_RETRY,
+    task_queue: str | None = None,
+    user_agent: str = DEFAULT_USER_AGENT,
+    verify: bool | ssl.SSLContext = True,
+    name: str = "fetch_url",
+) -> Tool:
+    """A ``fetch_url`` tool with its own limits.
+
+    Args:
+        allow_private: Also fetch loopback, private, link-local and reserved addresses.
+        allowed_hosts: Hosts fetched even when they resolve to such addresses: names
+            (``"wiki.internal"``; ``".internal"`` for every subdomain) or IP addresses and
+            networks (``"10.1.2.3"``, ``"10.0.0.0/8"``). Public hosts are always allowed.
+        max_bytes: Stop reading a body after this many (decoded) bytes.
+        max_chars: Cut the text the model reads to this many characters (with a marker).
+        timeout: Seconds for the whole fetch, redirects included.
+        connect_timeout: Seconds to open each connection.
+        max_redirects: Redirect hops followed (each is checked like the first URL).
+        heartbeat_timeout: Set it to have the activity heartbeat while a body downloads.
+        retry: Temporal retry policy for transient failures (HTTP 429/5xx, dropped connections).
+        task_queue: Run fetches on workers of another task queue (e.g. machines with egress).
+        user_agent: The ``User-Agent`` header sent.
+        verify: TLS certificate verification: ``True`` (the default CA bundle), an
+            ``ssl.SSLContext`` (e.g. trusting a private CA), or ``False`` (not recommended).
+        name: The tool's name (and activity type); tool names are unique in an agent graph,
+            so two differently configured fetch tools need two names.
+    """
+    if max_bytes < 1 or max_chars < 1 or timeout <= 0 or connect_timeout <= 0:
+        raise ConfigurationError("make_fetch_url: limits and timeouts must be positive")
+    if max_redirects < 0:
+        raise ConfigurationError("make_fetch_url: max_redirects must be 0 or more")
+    config = FetchConfig(
+        allow_private=allow_private,
+        allowed_hosts=tuple(allowed_hosts),
+        max_bytes=max_bytes,
+        max_chars=max_chars,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        max_redirects=max_redirects,
+        user_agent=user_agent,
+        verify=verify,
+    )
+    _HostRules.build(config, env={})  # reject malformed allowed_hosts entries now
+
+    async def fetch_url(url: str) -> str:
+        """Fetch a web page (or a plain-text or JSON document) and return its readable text:
+        the final URL, the page title, then headings, paragraphs and list items. Binary files
+        (images, PDFs, archives) are refused. Cite the URL shown in the result.
+
+        Args:
+            url: The absolute http:// or https:// URL to read.
+        """
+        async with _heartbeating():
+            page = await fetch_page(url, config)
+        return render_page(page, config.max_chars)
+
+    built: Tool = tool(
+        fetch_url,
+        name=name,
+        timeout=timeout + 30,
+        heartbeat_timeout=heartbeat_timeout,
+        retry=retry,
+        task_queue=task_queue,
+        max_output_chars=max_chars + 200,  # room for the truncation marker
+    )
+    built.extra["fetch_config"] = config
+    return built
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating() -> AsyncIterator[None]:
+    """Heartbeat in the background while connecting and waiting for a response (reading a
+    body heartbeats per chunk); only in an activity that has a heartbeat timeout."""
+    heartbeat_timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
+    if not heartbeat_timeout:
+        yield
+        return
+    interval = max(heartbeat_timeout.total_seconds() / 3, 0.1)
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+fetch_url = make_fetch_url()
+"""The default ``fetch_url``: public web only (unless the worker's environment allows more),
+2 MB per body, 20,000 characters of text, 30 s per fetch, 5 redirects."""
+
+
+__all__ = [
+    "DEFAULT_FETCH_RETRY",
+    "ENV_ALLOWED_HOSTS",
+    "ENV_ALLOW_PRIVATE",
+    "TRANSIENT_ERROR_TYPE",
+    "FetchConfig",
+    "FetchError",
+    "FetchRefused",
+    "FetchedPage",
+    "fetch_page",
+    "fetch_url",
+    "html_to_text",
+    "is_public_address",
+    "make_fetch_url",
+    "render_page",
+]
