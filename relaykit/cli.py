@@ -347,10 +347,28 @@ def demo(
 
 
 def main() -> None:
+    code: int = 0
     try:
         app()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     except BrokenPipeError:  # e.g. `relaykit events RUN | head`
-        sys.exit(0)
+        code = 0
+    # The Temporal client's native threads can abort interpreter finalization ("Fatal Python
+    # error: PyGILState_Release", exit status 134; temporalio/sdk-python#300), turning a command
+    # that worked into a crash. The command is done: run the exit handlers (they stop a leftover
+    # dev server, flush logs), flush, and leave without finalization.
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

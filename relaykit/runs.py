@@ -80,6 +80,8 @@ class ApprovalDecision(BaseModel):
     call_id: str
     approved: bool
     reason: str | None = None
+    timed_out: bool = False
+    """Set by relaykit when nobody answered within the tool's ``approval_timeout``."""
 
 
 TaskStatus = Literal["running", "finished", "failed", "cancelled"]

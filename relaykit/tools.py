@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 import re
@@ -25,8 +26,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import to_json
+from temporalio import activity
 from temporalio.common import RetryPolicy
 
 from relaykit.errors import ConfigurationError
@@ -40,7 +42,12 @@ TRUNCATION_MARKER = "\n[… output truncated by relaykit: {dropped} characters d
 
 class ToolContext(BaseModel):
     """What a tool may learn about the call it serves. Declare a parameter annotated with
-    ``ToolContext`` to receive it; it is not part of the schema the model sees."""
+    ``ToolContext`` to receive it; it is not part of the schema the model sees.
+
+    Long tools call :meth:`heartbeat` with their progress: Temporal then notices a dead worker
+    after the tool's ``heartbeat_timeout``, and the retry on another worker finds that progress in
+    :attr:`progress` and resumes from it instead of starting over.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -49,6 +56,15 @@ class ToolContext(BaseModel):
     agent: str
     workflow_id: str
     run_path: list[str] = Field(default_factory=list)
+    attempt: int = 1
+    progress: Any = None
+    """What the previous attempt last passed to :meth:`heartbeat` (``None`` on a first attempt)."""
+    _beat: Callable[[Any], None] | None = PrivateAttr(default=None)
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Report liveness and progress; safe to call from sync tools (they run in a thread)."""
+        if self._beat is not None:
+            self._beat(progress)
 
 
 class ToolInvocation(BaseModel):
@@ -148,13 +164,7 @@ class Tool:
             return ToolOutcome(content=str(exc), is_error=True)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
         if self.context_param:
-            kwargs[self.context_param] = ToolContext(
-                call_id=invocation.call_id,
-                tool_name=self.name,
-                agent=invocation.agent,
-                workflow_id=invocation.workflow_id,
-                run_path=invocation.run_path,
-            )
+            kwargs[self.context_param] = _tool_context(self.name, invocation)
         if inspect.iscoroutinefunction(self.function):
             value = await self.function(**kwargs)
         else:
@@ -166,6 +176,38 @@ class Tool:
             return text
         dropped = len(text) - self.max_output_chars
         return text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
+
+
+def _tool_context(tool_name: str, invocation: ToolInvocation) -> ToolContext:
+    attempt, progress, beat = 1, None, None
+    if activity.in_activity():
+        info = activity.info()
+        attempt = info.attempt
+        progress = info.heartbeat_details[0] if info.heartbeat_details else None
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+
+        def beat(value: Any) -> None:
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                activity.heartbeat(value)
+            else:  # a sync tool's thread: the SDK's heartbeat must run on the worker's loop
+                loop.call_soon_threadsafe(context.run, activity.heartbeat, value)
+
+    ctx = ToolContext(
+        call_id=invocation.call_id,
+        tool_name=tool_name,
+        agent=invocation.agent,
+        workflow_id=invocation.workflow_id,
+        run_path=invocation.run_path,
+        attempt=attempt,
+        progress=progress,
+    )
+    ctx._beat = beat
+    return ctx
 
 
 def _validation_message(tool_name: str, exc: ValidationError) -> str:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from datetime import timedelta
 import threading
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
-from relaykit import Agent, ContextPolicy, Subagents, start_run, tool
+from relaykit import Agent, ContextPolicy, Subagents, ToolContext, start_run, tool
 from relaykit.messages import Message
 from relaykit.testing.scripted_server import (
     ScriptedModelServer,
@@ -193,3 +196,32 @@ async def test_huge_tool_output_is_truncated_with_a_marker_not_a_failed_run(
     assert result.output == "read it"
     assert len(tool_message.content) < 200_000
     assert "output truncated by relaykit: 4900000 characters dropped" in tool_message.content
+
+
+async def test_long_tool_resumes_from_its_heartbeat_progress_on_retry(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # A sync tool reports progress with heartbeats; the retry after a failure starts from there.
+    attempts: list[tuple[int, int]] = []
+
+    @tool(
+        heartbeat_timeout=5,
+        retry=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=3),
+    )
+    def crawl(pages: int, ctx: ToolContext) -> str:
+        """Crawl some pages."""
+        start = ctx.progress or 0
+        attempts.append((ctx.attempt, start))
+        for page in range(start, pages):
+            if ctx.attempt == 1 and page == 3:
+                raise ApplicationError("the browser machine went away")
+            ctx.heartbeat(page + 1)
+        return f"crawled pages {start + 1}..{pages} on attempt {ctx.attempt}"
+
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("crawl", pages=5), text("done")])
+    agent = Agent(name="crawler", model=model, tools=[crawl])
+    async with serving(client, agent) as worker:
+        result = await (await start_run(client, agent, "crawl", task_queue=worker.task_queue)).result()
+    assert attempts == [(1, 0), (2, 3)]
+    assert [m.content for m in result.transcript if m.role == "tool"] == ["crawled pages 4..5 on attempt 2"]

@@ -128,6 +128,8 @@ class TurnLoop:
         try:
             result = await self._loop()
         except BaseException as exc:  # a failed or cancelled run still stops its background tasks
+            if is_cancelled_exception(exc):
+                self.set_status("cancelled")
             if isinstance(exc, ApplicationError) or is_cancelled_exception(exc):
                 await self._wind_down()
             raise
@@ -190,8 +192,10 @@ class TurnLoop:
         """Apply what arrived from outside since the last turn (pause, injected messages)."""
         if self.state.paused:
             self.set_status("paused")
+            self.emit("paused", {})
             await workflow.wait_condition(lambda: not self.state.paused)
             self.set_status("running")
+            self.emit("resumed", {})
         while self.state.mailbox:
             text = self.state.mailbox.pop(0)
             self.state.transcript.append(Message.user(text))
@@ -417,7 +421,12 @@ class TurnLoop:
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
         for index, call in enumerate(calls):
-            self.emit("tool_call", {"call_id": call.id, "name": call.name, "arguments": call.arguments})
+            # [observability] an agent tool's call names its child run, so watchers can follow it
+            # (relaykit.streaming); the id is the one Children.run_agent_tool starts.
+            data = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+            if any(isinstance(t, AgentTool) and t.name == call.name for t in agent.tools):
+                data["workflow_id"] = f"{workflow.info().workflow_id}/{call.id}"
+            self.emit("tool_call", data)
             handoff = handoffs.get(call.name)
             if handoff is not None:
                 if first_handoff is None:
@@ -477,10 +486,13 @@ class TurnLoop:
         if entry.requires_approval(arguments.model_dump()):
             decision = await self._await_approval(agent, entry, call)
             if not decision.approved:
-                reason = f": {decision.reason}" if decision.reason else ""
-                return self.tool_message(
-                    call, f"The call was rejected by a person{reason}.", is_error=True
-                )
+                if decision.timed_out:
+                    text = "The call was not run: nobody approved it in time (approval timed out)."
+                elif decision.reason:
+                    text = f"The call was rejected by a person: {decision.reason}."
+                else:
+                    text = "The call was rejected by a person."
+                return self.tool_message(call, text, is_error=True)
         return await self._execute_tool(agent, entry, call)
 
     async def _execute_tool(self, agent: Agent, entry: Tool, call: ToolCall) -> Message:
@@ -544,7 +556,9 @@ class TurnLoop:
             )
             decision = self.state.decisions.pop(call.id)
         except asyncio.TimeoutError:
-            decision = ApprovalDecision(call_id=call.id, approved=False, reason="approval timed out")
+            decision = ApprovalDecision(
+                call_id=call.id, approved=False, reason="approval timed out", timed_out=True
+            )
         self.state.pending_approvals.pop(call.id, None)
         self.emit("approval_answered", decision.model_dump(mode="json"))
         await self.children.announce_answered(call.id)

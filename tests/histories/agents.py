@@ -1,0 +1,103 @@
+"""The agents whose runs are recorded in ``tests/histories/*.json``.
+
+``record.py`` runs them to record the histories; ``tests/test_replay.py`` registers the same
+agents for the same task queues and replays the histories through today's workflow code. Replay
+only needs the agent graph to look the same as when the history was recorded (agent names, tools,
+handoffs, approval settings), so change this module only together with a re-recording (see
+``docs/replay.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relaykit import Agent, ModelSpec, tool
+from relaykit.graph import AgentGraph
+
+MODEL_NAME = "replay-model"
+SEARCH_ATTRIBUTES = True
+"""Recorded on a relaykit dev server, which registers relaykit's search attributes, so the runs
+upserted them; replay must do the same."""
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: First number.
+        b: Second number.
+    """
+    return a + b
+
+
+calculator = Agent(name="calculator", instructions="Add numbers with the add tool.", tools=[add])
+
+
+@tool
+def look_up_invoice(invoice_id: str) -> str:
+    """Find an invoice.
+
+    Args:
+        invoice_id: The invoice id.
+    """
+    return f"invoice {invoice_id}: 42 EUR, charged twice"
+
+
+billing = Agent(
+    name="billing",
+    description="Invoices, refunds, double charges.",
+    instructions="Resolve billing questions.",
+    tools=[look_up_invoice],
+)
+triage = Agent(name="triage", instructions="Route the customer.", handoffs=[billing])
+
+
+@tool(needs_approval=True)
+def refund(order_id: str, amount: int) -> str:
+    """Refund an order (a person approves first).
+
+    Args:
+        order_id: The order.
+        amount: Euros.
+    """
+    return f"refunded {amount} for {order_id}"
+
+
+refunder = Agent(name="refunder", instructions="Refund when asked.", tools=[refund])
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One recorded run: its history file, workflow id, task queue and root agent."""
+
+    name: str
+    task_queue: str
+    agent: Agent
+    prompt: str
+
+    @property
+    def workflow_id(self) -> str:
+        return f"replay-{self.name.replace('_', '-')}"
+
+    @property
+    def history_file(self) -> str:
+        return f"{self.name}.json"
+
+
+SCENARIOS = [
+    Scenario("tool_loop", "replay-tool-loop", calculator, "What is 2+3, plus 10?"),
+    Scenario("handoff", "replay-handoff", triage, "I was charged twice for invoice INV-7."),
+    Scenario("approval", "replay-approval", refunder, "Refund 30 EUR on order A1, and 5 on B2."),
+]
+
+
+def model(base_url: str | None = None) -> ModelSpec:
+    """The model the runs used (its address does not matter to replay)."""
+    return ModelSpec(provider="openai", name=MODEL_NAME, base_url=base_url)
+
+
+def graph_for(scenario: Scenario, base_url: str | None = None) -> AgentGraph:
+    graph = AgentGraph.build([scenario.agent], default_model=model(base_url))
+    graph.search_attributes = SEARCH_ATTRIBUTES
+    return graph

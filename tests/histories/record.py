@@ -1,0 +1,102 @@
+"""Record the histories that ``tests/test_replay.py`` replays.
+
+Run it by hand from the repository root when a change to the workflow code is *meant* to change
+what runs do (see ``docs/replay.md`` first: usually a change must replay the old histories
+unchanged, behind ``workflow.patched``)::
+
+    python -m tests.histories.record
+
+It starts its own in-memory Temporal dev server and scripted model server, runs the three
+scenarios of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by
+update and once by signal) with fixed workflow ids and task queues, and writes each history to
+``tests/histories/<scenario>.json``. Commit the JSON files with the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from relaykit import ApprovalDecision, RunHandle, Worker, start_run
+from relaykit.devserver import DevServer
+from relaykit.testing.scripted_server import ScriptedModelServer, Step, batch, call, text
+from tests.histories.agents import MODEL_NAME, SCENARIOS, SEARCH_ATTRIBUTES, Scenario, model
+
+HERE = Path(__file__).resolve().parent
+IDENTITY = "relaykit-histories"
+"""Worker and client identity written into the histories (instead of pid@hostname)."""
+
+SCRIPTS: dict[str, list[Step]] = {
+    "tool_loop": [
+        batch(call("add", id="call_add_1", a=2, b=3), call("add", id="call_add_2", a=0, b=0)),
+        call("add", id="call_add_3", a=5, b=10),
+        text("15"),
+    ],
+    "handoff": [
+        call("transfer_to_billing", id="call_handoff", reason="double charge"),
+        call("look_up_invoice", id="call_invoice", invoice_id="INV-7"),
+        text("Invoice INV-7 was charged twice; a refund of 42 EUR is on its way."),
+    ],
+    "approval": [
+        batch(
+            call("refund", id="call_refund_a1", order_id="A1", amount=30),
+            call("refund", id="call_refund_b2", order_id="B2", amount=5),
+        ),
+        text("Refunded 30 EUR on A1; the refund on B2 was rejected."),
+    ],
+}
+
+
+async def _wait_for_approvals(handle: RunHandle, count: int) -> None:
+    for _ in range(500):
+        if len(await handle.pending_approvals()) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{handle.id} never asked for {count} approvals")
+
+
+async def record(scenario: Scenario, client: Client, base_url: str) -> str:
+    worker = Worker(
+        client,
+        scenario.agent,
+        task_queue=scenario.task_queue,
+        default_model=model(base_url),
+        search_attributes=SEARCH_ATTRIBUTES,
+        identity=IDENTITY,
+    )
+    async with worker:
+        handle = await start_run(
+            client, scenario.agent, scenario.prompt,
+            task_queue=scenario.task_queue, id=scenario.workflow_id,
+        )
+        if scenario.name == "approval":
+            await _wait_for_approvals(handle, 2)
+            await handle.approve("call_refund_a1")
+            await handle.workflow.signal(
+                "approve_signal",
+                ApprovalDecision(call_id="call_refund_b2", approved=False, reason="duplicate"),
+            )
+        result = await handle.result()
+        history = await handle.workflow.fetch_history()
+    path = HERE / scenario.history_file
+    path.write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
+    return f"{path.name}: {len(history.events)} events, output {result.output!r}"
+
+
+async def main() -> None:
+    with ScriptedModelServer() as model_server:
+        async with DevServer(port=0, headless=True, in_memory=True) as server:
+            client = await Client.connect(
+                server.address, data_converter=pydantic_data_converter, identity=IDENTITY
+            )
+            for scenario in SCENARIOS:
+                model_server.script(MODEL_NAME, SCRIPTS[scenario.name])
+                print(await record(scenario, client, f"{model_server.base_url}/v1"))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
