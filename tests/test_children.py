@@ -262,3 +262,51 @@ async def test_subagents_without_agents_clone_the_current_agent_without_spawning
     assert result.output == "lead done"
     clone_requests = [r for r in model_server.requests(model.name) if "spawn_subagent" not in r.tool_names]
     assert clone_requests and clone_requests[0].tool_names == ["note"]
+
+
+async def test_detached_subagent_outlives_its_parent_and_delivers_its_report(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The parent ends first; the detached child keeps running and POSTs its report.
+    import http.server
+
+    received: list[dict[str, object]] = []
+    arrived = threading.Event()
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+            arrived.set()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hold = threading.Event()
+    researcher_model = scripted_model(model_server)
+    lead_model = scripted_model(model_server)
+    model_server.respond(researcher_model.name, lambda req: text("late findings", hold=hold))
+    model_server.script(lead_model.name, [call("spawn_subagent", prompt="dig"), text("parent done")])
+    researcher = Agent(name="researcher", model=researcher_model)
+    url = f"http://127.0.0.1:{server.server_address[1]}/reports"
+    lead = Agent(
+        name="lead", model=lead_model,
+        subagents=Subagents([researcher], detached=True, deliver_url=url),
+    )
+    try:
+        async with serving(client, lead) as worker:
+            handle = await start_run(client, lead, "go", task_queue=worker.task_queue)
+            assert (await handle.result()).output == "parent done"
+            child = client.get_workflow_handle(f"{handle.id}/task-1")
+            assert (await child.describe()).status.name == "RUNNING"  # type: ignore[union-attr]
+            hold.set()
+            assert await asyncio.to_thread(arrived.wait, 20)
+            await child.result()
+    finally:
+        hold.set()
+        server.shutdown()
+    assert received[0]["task_id"] == "task-1" and received[0]["status"] == "finished"
+    assert received[0]["output"] == "late findings"

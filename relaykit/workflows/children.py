@@ -114,6 +114,9 @@ class Children:
         self.loop = loop
         self.ended: set[str] = set()
         """Tasks whose run has ended (any status), as their reports said."""
+        self.handles: dict[str, Any] = {}
+        """Child handles of tasks started by this workflow run (not those of earlier runs of a
+        run that continued as new): awaiting one waits until that child has really closed."""
 
     @property
     def state(self) -> Any:
@@ -305,7 +308,8 @@ class Children:
         )
         # Its outcome arrives as a report signal (which survives continue-as-new); the handle's
         # own result is not needed.
-        handle.add_done_callback(lambda done: done.exception())
+        handle.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self.handles[task_id] = handle
         loop.emit("subagent_started", {"id": task_id, "agent": target.name, "workflow_id": child_id})
         if capability.detached:
             task.status = "finished"  # not ours to track any more
@@ -425,16 +429,23 @@ class Children:
         return "Background tasks:\n" + "\n".join(lines)
 
     async def close(self) -> None:
-        """The run is ending: cancel unfinished tasks and wait until they confirm."""
+        """The run is ending: cancel unfinished tasks and wait until they have closed."""
         unfinished = self.running()
+        own = [self.handles[t.id] for t in unfinished if t.id in self.handles]
         for task in unfinished:
             task.status = "cancelled"
+            if task.id in self.handles:
+                self.handles[task.id].cancel()  # requests the child's cancellation
+                continue
             try:
                 await workflow.get_external_workflow_handle(task.workflow_id).cancel()
             except Exception as exc:  # noqa: BLE001
                 workflow.logger.info("cancel of %s: %s", task.workflow_id, exc)
-        if unfinished:
-            ids = {t.id for t in unfinished}
+        if own:  # started by this run: wait until each child has closed
+            await asyncio.gather(*own, return_exceptions=True)
+        inherited = {t.id for t in unfinished if t.id not in self.handles}
+        if inherited:  # started before a continue-as-new: wait for their last report
+            ids = inherited
             try:
                 await workflow.wait_condition(
                     lambda: ids <= self.ended, timeout=CANCEL_WAIT
