@@ -6,7 +6,7 @@ Declared here; the turn loop (:mod:`relaykit.workflows.loop`) owns their bookkee
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from relaykit.agent import Agent, Budget
@@ -33,12 +33,20 @@ class Subagents:
     deliver_url: str | None = None
     instructions: str | None = None
     """Replaces the built-in guidance added to the agent's system prompt."""
+    approvals: Literal["reject", "parent"] = "reject"
+    """Background tasks run unattended: a tool needing approval is rejected at once
+    (``"reject"``), unless approvals should surface in the parent run for a person to answer
+    there (``"parent"``; not available to detached tasks, whose parent may be gone)."""
 
     def __post_init__(self) -> None:
         from relaykit.errors import ConfigurationError
 
         if self.max_concurrent < 1:
             raise ConfigurationError("Subagents(max_concurrent=...) must be at least 1")
+        if self.detached and self.approvals == "parent":
+            raise ConfigurationError(
+                "detached subagents cannot send approvals to their parent (it may be gone)"
+            )
         if self.detached and not (self.deliver_to_workflow or self.deliver_url):
             raise ConfigurationError(
                 "detached subagents need somewhere to deliver their reports",

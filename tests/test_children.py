@@ -310,3 +310,65 @@ async def test_detached_subagent_outlives_its_parent_and_delivers_its_report(
         server.shutdown()
     assert received[0]["task_id"] == "task-1" and received[0]["status"] == "finished"
     assert received[0]["output"] == "late findings"
+
+
+async def test_approval_inside_an_agent_tool_child_is_answered_through_the_parent(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Eino's action scoping: the child's interrupt crosses the agent-tool boundary; the person
+    # answers the run they started, and the answer reaches the child that owns the call.
+    refunds: list[int] = []
+
+    @tool(needs_approval=True)
+    def refund(amount: int) -> str:
+        """Refund money."""
+        refunds.append(amount)
+        return f"refunded {amount}"
+
+    child_model = scripted_model(model_server)
+    parent_model = scripted_model(model_server)
+    model_server.script(child_model.name, [call("refund", amount=30), text("refund done")])
+    model_server.script(parent_model.name, [call("ask_billing", input="refund 30"), text("all set")])
+    billing = Agent(name="billing", model=child_model, tools=[refund])
+    front = Agent(name="front", model=parent_model, tools=[billing.as_tool()])
+    async with serving(client, front) as worker:
+        handle = await start_run(client, front, "please refund", task_queue=worker.task_queue)
+        for _ in range(100):
+            pending = await handle.pending_approvals()
+            if pending:
+                break
+            await asyncio.sleep(0.1)
+        assert [p.tool for p in pending] == ["refund"]
+        assert pending[0].workflow_id != handle.id and pending[0].workflow_id.startswith(handle.id)
+        assert pending[0].run_path == ["front", "billing"]
+        assert (await handle.state()).status == "waiting_approval"
+        await handle.approve(pending[0].call_id)
+        result = await handle.result()
+        assert await handle.pending_approvals() == []
+    assert refunds == [30]
+    assert result.output == "all set"
+
+
+async def test_subagent_approvals_are_rejected_unless_they_go_to_the_parent(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    @tool(needs_approval=True)
+    def wire(amount: int) -> str:
+        """Wire money."""
+        return "wired"
+
+    researcher_model = scripted_model(model_server)
+    lead_model = scripted_model(model_server)
+    model_server.respond(
+        researcher_model.name,
+        lambda req: text(req.tool_results[-1]) if req.tool_results else call("wire", amount=5),
+    )
+    model_server.script(
+        lead_model.name, [call("spawn_subagent", prompt="pay"), call("wait_subagents"), text("ok")]
+    )
+    researcher = Agent(name="payer", model=researcher_model, tools=[wire])
+    lead = Agent(name="lead", model=lead_model, subagents=Subagents([researcher]))
+    async with serving(client, lead) as worker:
+        result = await (await start_run(client, lead, "go", task_queue=worker.task_queue)).result()
+    report = [m.content for m in result.transcript if m.role == "tool"][-1]
+    assert "unattended" in report
