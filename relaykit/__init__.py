@@ -27,6 +27,7 @@ from relaykit.runs import (
     RunSnapshot,
     RunStatus,
 )
+from relaykit.streaming import StreamCursor, StreamEvent
 from relaykit.subagents import Subagents
 from relaykit.tools import Tool, ToolContext, tool
 from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
@@ -59,6 +60,8 @@ __all__ = [
     "RunResult",
     "RunSnapshot",
     "RunStatus",
+    "StreamCursor",
+    "StreamEvent",
     "Subagents",
     "Tool",
     "ToolCall",

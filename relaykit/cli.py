@@ -304,6 +304,88 @@ async def events(
 
 
 @app.command()
+@command
+async def watch(
+    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    start: Annotated[
+        str,
+        typer.Option("--from", help="Where to start: an event sequence number, or the cursor "
+                     "printed when watching stopped"),
+    ] = "0",
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Print the log line by line, even on a terminal")
+    ] = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Follow a run (and its child runs) live, or print a finished run's log."""
+    from relaykit.watch import watch_run
+
+    handle = await _handle(run_id, address, namespace)
+    seen = {"cursor": start}
+
+    def remember(cursor: str) -> None:
+        seen["cursor"] = cursor
+
+    try:
+        state = await watch_run(
+            handle, console, from_offset=start, plain=plain, on_cursor=remember
+        )
+    except asyncio.CancelledError:  # Ctrl-C: the run goes on
+        err_console.print(
+            f"stopped watching (the run goes on); resume with: relaykit watch {run_id} "
+            f"--from {seen['cursor']}",
+            highlight=False,
+        )
+        raise
+    tokens = "" if state.tokens is None else f" · {state.tokens} tokens"
+    err_console.print(f"[dim]run {state.status} · agent {state.agent}{tokens}[/dim]")
+    if state.status == "completed" and state.output is not None and console.is_terminal and not plain:
+        output = state.output if isinstance(state.output, str) else json.dumps(state.output, indent=2)
+        console.print(output, highlight=False, markup=False)
+
+
+@app.command()
+@command
+async def runs(
+    status: Annotated[
+        str | None,
+        typer.Option(help="running, waiting_approval, paused, completed, failed, cancelled, "
+                     "terminated or timed_out"),
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
+    roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
+    limit: Annotated[int, typer.Option(help="At most this many runs, newest first")] = 50,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """List runs with their status, agent, age and tokens (from relaykit's search attributes)."""
+    from relaykit.watch import STATUS_FILTERS, list_runs, runs_table
+
+    if status is not None and status not in STATUS_FILTERS:
+        raise RelaykitError(
+            f"unknown status {status!r}", hint="one of: " + ", ".join(STATUS_FILTERS)
+        )
+    client = await _client(address, namespace)
+    try:
+        rows = await list_runs(client, status=status, agent=agent, roots=roots, limit=limit)
+    except RPCError as exc:
+        raise RelaykitError(
+            f"Temporal: {exc.message}",
+            hint="relaykit's search attributes must be registered on the namespace "
+            "(see relaykit/search_attributes.py)",
+        ) from None
+    if as_json:
+        print(json.dumps([row.to_json() for row in rows], indent=2))
+        return
+    if not rows:
+        err_console.print("no runs")
+        return
+    console.print(runs_table(rows))
+
+
+@app.command()
 def dev(
     target: Annotated[
         str, typer.Argument(help="MODULE[:ATTR] whose agents the worker serves")

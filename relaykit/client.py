@@ -8,6 +8,7 @@ client or the ``temporal`` CLI; these only add types and clear errors.
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
@@ -27,6 +28,8 @@ from relaykit.runs import (
     RunResult,
     RunSnapshot,
 )
+from relaykit.streaming import DEFAULT_POLL_INTERVAL, StreamCursor, StreamEvent, stream_run
+from relaykit.tracing import has_tracing_interceptor, temporal_interceptor, tracing_enabled
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
 
 DEFAULT_TASK_QUEUE = "relaykit"
@@ -37,11 +40,17 @@ async def connect(
     *,
     namespace: str | None = None,
     profile: str | None = None,
+    tracing: bool | None = None,
+    tracer: Any = None,
     **options: Any,
 ) -> Client:
     """Connect with Temporal's environment configuration (``TEMPORAL_ADDRESS``,
     ``TEMPORAL_NAMESPACE``, ``TEMPORAL_PROFILE`` and the config file) and relaykit's pydantic
-    data converter."""
+    data converter.
+
+    ``tracing`` (default: ``RELAYKIT_TRACING``) adds Temporal's OpenTelemetry interceptor, so a
+    run started with this client is one trace rooted at its ``StartWorkflow`` span (see
+    :mod:`relaykit.tracing`); workers built on this client trace too."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if target:
         config["target_host"] = target
@@ -50,6 +59,11 @@ async def connect(
         config["namespace"] = namespace
     config.update(options)
     config["data_converter"] = pydantic_data_converter
+    if tracing_enabled(tracing):
+        interceptors = list(config.get("interceptors") or ())
+        if not has_tracing_interceptor(interceptors):
+            interceptors.append(temporal_interceptor(tracer))
+        config["interceptors"] = interceptors
     try:
         return await Client.connect(**config)
     except RuntimeError as exc:
@@ -62,8 +76,9 @@ async def connect(
 class RunHandle:
     """A handle on one run (a Temporal workflow handle with relaykit's types)."""
 
-    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, Any], client: Client | None = None) -> None:
         self.workflow = handle
+        self.client: Client = client or handle._client  # the SDK keeps no public accessor
 
     @property
     def id(self) -> str:
@@ -90,6 +105,34 @@ class RunHandle:
 
     async def events(self, offset: int = 0) -> list[RunEvent]:
         return await self.workflow.query("events", offset, result_type=list[RunEvent])
+
+    def stream(
+        self,
+        from_offset: int | str | StreamCursor = 0,
+        *,
+        children: bool = True,
+        deltas: bool = True,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> AsyncIterator[StreamEvent]:
+        """The run as it happens: its events, its child runs' events (with their run paths) and
+        the model's text while it is written (``kind == "delta"``), ending when the run ends.
+
+        ``from_offset`` is an event ``seq`` of this run, or, to resume exactly where a previous
+        stream stopped (child runs and the text of a model call in flight included), the
+        ``cursor`` of the last item handled. Reading adds nothing to the run's history; see
+        :mod:`relaykit.streaming` for the ordering guarantees::
+
+            async for item in handle.stream():
+                print(item.kind, item.data)
+        """
+        return stream_run(
+            self.client,
+            self.id,
+            from_offset,
+            children=children,
+            deltas=deltas,
+            poll_interval=poll_interval,
+        )
 
     async def pending_approvals(self) -> list[PendingApproval]:
         return await self.workflow.query("pending_approvals", result_type=list[PendingApproval])
@@ -157,11 +200,11 @@ async def start_run(
         static_summary=f"{name}: {prompt[:200]}",
         **start_options,
     )
-    return RunHandle(handle)
+    return RunHandle(handle, client)
 
 
 def get_run(client: Client, run_id: str) -> RunHandle:
-    return RunHandle(client.get_workflow_handle(run_id, result_type=RunResult))
+    return RunHandle(client.get_workflow_handle(run_id, result_type=RunResult), client)
 
 
 async def run(client: Client, agent: str | Agent, input: str, **options: Any) -> RunResult:

@@ -123,6 +123,8 @@ class DeltaPublisher:
             self._truncated = True
         self._parts.append(piece)
         self._chars += len(piece)
+        # The provider code heartbeats before handing over an event's text: publish it too.
+        self.heartbeat()
 
     def heartbeat(self) -> None:
         now = time.monotonic()
@@ -191,6 +193,7 @@ class RunCursor(BaseModel):
     key: str | None = None
     """The parent's call id (agent tool) or task id (subagent) that started this run."""
     kind: ChildKind | None = None
+    depth: int = 0
     done: bool = False
     delta: tuple[str, int, int] | None = None
     """(activity id, attempt, characters already yielded) of the model call being streamed."""
@@ -236,6 +239,7 @@ class _Run:
     parent: str | None = None
     key: str | None = None
     kind: ChildKind | None = None
+    depth: int = 0
     done: bool = False
     seen: bool = False
     history_length: int | None = None
@@ -277,7 +281,7 @@ class RunStream:
                 )
             for wid, rc in from_offset.runs.items():
                 run = self._add(wid, rc.parent, rc.key, rc.kind, seq=rc.seq)
-                run.done = rc.done
+                run.done, run.depth = rc.done, rc.depth
                 if rc.delta is not None:
                     run.delta = _Delta(rc.delta[0], rc.delta[1], rc.delta[2], None)
             if workflow_id not in self.runs:
@@ -292,6 +296,8 @@ class RunStream:
         run = self.runs.get(wid)
         if run is None:
             run = _Run(wid, self.client.get_workflow_handle(wid), seq, parent, key, kind)
+            if parent is not None and parent in self.runs:
+                run.depth = self.runs[parent].depth + 1
             self.runs[wid] = run
         return run
 
@@ -304,10 +310,14 @@ class RunStream:
                     parent=r.parent,
                     key=r.key,
                     kind=r.kind,
+                    depth=r.depth,
                     done=r.done,
                     delta=(r.delta.activity_id, r.delta.attempt, r.delta.chars) if r.delta else None,
                 )
                 for r in self.runs.values()
+                # A finished child is not needed to resume: its parent's later events no
+                # longer refer to it.
+                if r is self.root or not r.done
             },
         ).encode()
 
@@ -391,15 +401,8 @@ class RunStream:
 
     # --- events ---------------------------------------------------------------------------------
 
-    def _depth(self, run: _Run) -> int:
-        depth = 0
-        while run.parent is not None and run.parent in self.runs:
-            depth += 1
-            run = self.runs[run.parent]
-        return depth
-
     def _item(self, run: _Run, **fields: Any) -> StreamEvent:
-        return StreamEvent(workflow_id=run.id, depth=self._depth(run), **fields)
+        return StreamEvent(workflow_id=run.id, depth=run.depth, **fields)
 
     async def _on_event(self, run: _Run, event: RunEvent) -> AsyncIterator[StreamEvent]:
         if event.seq < run.seq:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
@@ -23,6 +24,8 @@ from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.search_attributes import ALL as RELAY_SEARCH_ATTRIBUTES
+from relaykit.streaming import DEFAULT_DELTA_INTERVAL
+from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors
 from relaykit.transcripts import TranscriptStore
 from relaykit.workflows.agent_run import AgentRun
 
@@ -52,6 +55,12 @@ class Worker:
     share it (see :mod:`relaykit.transcripts`).
     Extra ``workflows``/``activities`` let you run your own workflows (which may call
     :func:`relaykit.run_agent`) on the same worker.
+
+    ``tracing`` turns on OpenTelemetry spans (default: ``RELAYKIT_TRACING``; see
+    :mod:`relaykit.tracing`), sent with ``tracer`` or the global tracer provider.
+    ``delta_interval`` is how often a streaming model call sends the text written so far to the
+    Temporal server, where clients watching the run read it (:mod:`relaykit.streaming`): lower
+    is livelier, and costs one heartbeat RPC per interval per streaming call, no history.
     """
 
     def __init__(
@@ -65,6 +74,9 @@ class Worker:
         activities: Sequence[Any] = (),
         search_attributes: bool | None = None,
         transcript_dir: str | os.PathLike[str] | None = None,
+        tracing: bool | None = None,
+        tracer: Any = None,
+        delta_interval: timedelta = DEFAULT_DELTA_INTERVAL,
         **worker_options: Any,
     ) -> None:
         roots = [agents] if isinstance(agents, Agent) else list(agents)
@@ -75,6 +87,9 @@ class Worker:
         self._workflows = list(workflows)
         self._activities = list(activities)
         self._search_attributes = search_attributes
+        self._tracing = tracing_enabled(tracing)
+        self._tracer = tracer
+        self._delta_interval = delta_interval
         self.transcripts = TranscriptStore(transcript_dir)
         self._options = worker_options
         self._model_activities: ModelActivities | None = None
@@ -116,6 +131,15 @@ class Worker:
         )
         activities.extend(self._activities)
         options = dict(self._options)
+        # Heartbeats carry a streaming model call's text; by default Temporal would send them
+        # only every 0.8 x heartbeat timeout (24 s for a model call).
+        options.setdefault("max_heartbeat_throttle_interval", self._delta_interval)
+        client_interceptors = self.client.config()["interceptors"]
+        if self._tracing:
+            added = worker_interceptors(client_interceptors, self.graph.tools, self._tracer)
+            options["interceptors"] = [*added, *options.get("interceptors", ())]
+        if self._tracing or has_tracing_interceptor(client_interceptors):
+            options.setdefault("workflow_runner", sandbox_runner("opentelemetry"))
         options.setdefault("workflow_runner", sandbox_runner())
         self._worker = TemporalWorker(
             self.client,

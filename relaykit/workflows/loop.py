@@ -159,7 +159,8 @@ class TurnLoop:
             self.state.turn += 1
             self._turns_this_run += 1
             agent = self.current_agent
-            response = await self._call_model(agent)
+            with self.turn_group(agent):  # [observability] one event group per turn
+                response = await self._call_model(agent)
             message = response.message.model_copy(update={"agent": agent.name})
             self.state.transcript.append(message)
             self.transport.after_response(self.state, response.transcript_ref)
@@ -173,11 +174,19 @@ class TurnLoop:
                 if done:
                     return self._finish(output)
                 continue
-            await self._run_tool_calls(agent, message.tool_calls)
+            with self.turn_group(agent):  # [observability]
+                await self._run_tool_calls(agent, message.tool_calls)
 
     @property
     def current_agent(self) -> Agent:
         return self.graph.agent(self.state.agent)
+
+    def turn_group(self, agent: Agent) -> Any:
+        """[observability] Marks the commands of this turn (model call, tool calls, child runs)
+        as one event group for the Temporal UI. Experimental in the SDK; it adds no history event
+        and replays either way (docs/observability.md)."""
+        label = f"turn {self.state.turn} · {agent.name}"
+        return workflow.create_event_group(f"turn-{self.state.turn}", label=label).scope()
 
     def _start_transcript(self) -> None:
         given = self.input.input

@@ -1,0 +1,397 @@
+"""``relaykit watch`` and ``relaykit runs``: a run seen from a terminal.
+
+``watch`` reads :meth:`relaykit.RunHandle.stream` (which adds nothing to the run's history) and
+shows the run live on a terminal: current agent and turn, the text the model is writing, tool
+calls with their durations, pending approvals, background subagents and tokens used. On a
+finished run, or when the output is not a terminal, it prints the run's log line by line
+instead and exits when the run has ended. Watching can stop at any time (Ctrl-C) and start again
+from the beginning or from the cursor it printed when it stopped; the run is not affected.
+
+``runs`` lists runs through Temporal visibility, with relaykit's search attributes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+
+from relaykit.client import RunHandle
+from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
+from relaykit.streaming import StreamEvent
+from relaykit.tools import summarize_call
+from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
+
+MAX_LOG_LINES = 8
+MAX_TOOL_ROWS = 12
+MAX_STREAM_CHARS = 1200
+STATE_REFRESH_SECONDS = 1.0
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(item: StreamEvent) -> str:
+    """One line of text for an event (not for deltas)."""
+    data = item.data
+    kind = item.kind
+    if kind == "run_started":
+        return f"started: {_short(data.get('input', ''))}"
+    if kind == "message":
+        return _short(data.get("text", ""), 200)
+    if kind == "tool_call":
+        return "→ " + summarize_call(str(data.get("name")), str(data.get("arguments", "")), 100)
+    if kind == "tool_result":
+        mark = "✗" if data.get("is_error") else "←"
+        return f"{mark} {data.get('name')}: {_short(data.get('content', ''))}"
+    if kind == "handoff":
+        reason = f" ({_short(data['reason'], 60)})" if data.get("reason") else ""
+        return f"handoff {data.get('from')} → {data.get('to')}{reason}"
+    if kind == "approval_requested":
+        call = summarize_call(str(data.get("tool")), str(data.get("arguments", "")), 80)
+        return f"waiting for approval: {call} [call {data.get('call_id')}]"
+    if kind == "approval_answered":
+        verdict = "approved" if data.get("approved") else "rejected"
+        reason = f": {data['reason']}" if data.get("reason") else ""
+        return f"{verdict} call {data.get('call_id')}{reason}"
+    if kind == "message_injected":
+        return f"user: {_short(data.get('text', ''))}"
+    if kind == "subagent_started":
+        return f"{data.get('id')} ({data.get('agent')}) started"
+    if kind == "subagent_finished":
+        return f"{data.get('id')} ({data.get('agent')}) {data.get('status')}"
+    if kind == "error":
+        return f"error {data.get('kind')}: {_short(data.get('message', ''), 200)}"
+    if kind == "final":
+        return f"final answer: {_short(data.get('output', ''), 300)}"
+    return _short(data) if data else ""
+
+
+def log_line(item: StreamEvent) -> str:
+    path = "/".join(item.run_path)
+    return f"{item.seq:>5} t{item.turn:<3} {'  ' * item.depth}{path:<28} {item.kind:<18} {describe(item)}"
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None:
+        return None
+    end = end or datetime.now(UTC)
+    return max((end - start).total_seconds(), 0.0)
+
+
+@dataclass
+class ToolRow:
+    call_id: str
+    name: str
+    summary: str
+    path: str
+    started: datetime | None
+    ended: datetime | None = None
+    status: str = "running"
+
+
+@dataclass
+class Task:
+    id: str
+    agent: str
+    status: str = "running"
+
+
+@dataclass
+class WatchState:
+    """What the live view shows, built from the stream's items."""
+
+    run_id: str
+    status: str = "running"
+    agent: str = ""
+    turn: int = 0
+    tokens: int | None = None
+    requests: int | None = None
+    started: datetime | None = None
+    tools: dict[str, ToolRow] = field(default_factory=dict)
+    approvals: dict[str, str] = field(default_factory=dict)
+    tasks: dict[str, Task] = field(default_factory=dict)
+    streaming: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """workflow id → (run path, text being written)."""
+    log: list[str] = field(default_factory=list)
+    output: Any = None
+    cursor: str = ""
+
+    def apply(self, item: StreamEvent) -> None:
+        self.cursor = item.cursor or self.cursor
+        path = "/".join(item.run_path)
+        if item.is_delta:
+            previous = "" if item.data.get("reset") else self.streaming.get(item.workflow_id, ("", ""))[1]
+            self.streaming[item.workflow_id] = (path, previous + str(item.data.get("text", "")))
+            return
+        data = item.data
+        if item.depth == 0:
+            self.agent = item.run_path[-1] if item.run_path else item.agent
+            self.turn = item.turn
+        if self.started is None and item.kind == "run_started":
+            self.started = item.at
+        kind = item.kind
+        if kind == "message":
+            self.streaming.pop(item.workflow_id, None)
+        elif kind == "tool_call":
+            call_id = str(data.get("call_id"))
+            self.tools[f"{item.workflow_id}:{call_id}"] = ToolRow(
+                call_id,
+                str(data.get("name")),
+                summarize_call(str(data.get("name")), str(data.get("arguments", "")), 60),
+                path,
+                item.at,
+            )
+        elif kind == "tool_result":
+            row = self.tools.get(f"{item.workflow_id}:{data.get('call_id')}")
+            if row is not None:
+                row.ended = item.at
+                row.status = "error" if data.get("is_error") else "ok"
+        elif kind == "approval_requested":
+            call = summarize_call(str(data.get("tool")), str(data.get("arguments", "")), 60)
+            self.approvals[str(data.get("call_id"))] = f"{call} ({path})"
+            for row in self.tools.values():
+                if row.call_id == data.get("call_id"):
+                    row.status = "approval"
+        elif kind == "approval_answered":
+            self.approvals.pop(str(data.get("call_id")), None)
+            for row in self.tools.values():
+                if row.call_id == data.get("call_id") and row.status == "approval":
+                    row.status = "running"
+        elif kind == "subagent_started":
+            self.tasks[f"{item.workflow_id}:{data.get('id')}"] = Task(str(data.get("id")), str(data.get("agent")))
+        elif kind == "subagent_finished":
+            task = self.tasks.get(f"{item.workflow_id}:{data.get('id')}")
+            if task is not None:
+                task.status = str(data.get("status"))
+        elif kind == "final" and item.depth == 0:
+            self.output = data.get("output")
+            self.status = "completed"
+        elif kind == "error" and item.depth == 0:
+            self.status = "failed"
+        self.log.append(f"{path:<24} {kind:<17} {describe(item)}")
+        del self.log[:-MAX_LOG_LINES]
+
+    # --- rendering ------------------------------------------------------------------------------
+
+    def render(self) -> RenderableType:
+        elapsed = _seconds(self.started, None)
+        tokens = "?" if self.tokens is None else f"{self.tokens:,}"
+        header = Text.assemble(
+            ("run ", "dim"), (self.run_id, "bold"),
+            ("  ·  ", "dim"), (self.status, "green" if self.status == "completed" else "yellow"),
+            ("  ·  agent ", "dim"), (self.agent or "?", "bold cyan"),
+            ("  ·  turn ", "dim"), (str(self.turn), "bold"),
+            ("  ·  tokens ", "dim"), (tokens, "bold"),
+            ("  ·  ", "dim"), (f"{elapsed:.0f}s" if elapsed is not None else "", ""),
+        )
+        parts: list[RenderableType] = [header]
+        if self.tools:
+            table = Table(box=None, show_header=True, header_style="dim", pad_edge=False, expand=False)
+            table.add_column("tool call")
+            table.add_column("run")
+            table.add_column("time", justify="right")
+            table.add_column("")
+            for row in list(self.tools.values())[-MAX_TOOL_ROWS:]:
+                seconds = _seconds(row.started, row.ended)
+                mark = {"ok": "[green]✓[/green]", "error": "[red]✗[/red]",
+                        "approval": "[yellow]waiting for approval[/yellow]"}.get(row.status, "[yellow]…[/yellow]")
+                table.add_row(escape(row.summary), escape(row.path),
+                              "" if seconds is None else f"{seconds:.2f}s", mark)
+            parts.append(table)
+        if self.approvals:
+            lines = [f"{escape(call_id)}  {escape(what)}" for call_id, what in self.approvals.items()]
+            hint = f"\n[dim]relaykit approve {escape(self.run_id)} CALL_ID [--reject][/dim]"
+            parts.append(Panel("\n".join(lines) + hint, title="pending approvals", border_style="yellow"))
+        if self.tasks:
+            parts.append(Text("background: " + ", ".join(
+                f"{t.id} ({t.agent}) {t.status}" for t in self.tasks.values()
+            ), style="magenta"))
+        for path, written in self.streaming.values():
+            shown = written if len(written) <= MAX_STREAM_CHARS else "…" + written[-MAX_STREAM_CHARS:]
+            parts.append(Panel(Text(shown), title=f"{path} is writing", border_style="cyan"))
+        if self.log:
+            parts.append(Text("\n".join(self.log), style="dim"))
+        return Group(*parts)
+
+
+async def _refresh_usage(handle: RunHandle, state: WatchState) -> None:
+    try:
+        snapshot = await handle.state()
+    except Exception:  # noqa: BLE001 - tokens are nice to have; the view goes on without them
+        return
+    state.tokens = snapshot.usage.total_tokens
+    state.requests = snapshot.usage.requests
+    if state.status not in ("completed", "failed"):
+        state.status = snapshot.status
+
+
+async def _closed_status(handle: RunHandle) -> str | None:
+    description = await handle.workflow.describe()
+    status = description.status
+    if status in (None, WorkflowExecutionStatus.RUNNING):
+        return None
+    return {
+        WorkflowExecutionStatus.COMPLETED: "completed",
+        WorkflowExecutionStatus.FAILED: "failed",
+        WorkflowExecutionStatus.CANCELED: "cancelled",
+        WorkflowExecutionStatus.TERMINATED: "terminated",
+        WorkflowExecutionStatus.TIMED_OUT: "timed out",
+    }.get(status, status.name.lower())
+
+
+async def watch_run(
+    handle: RunHandle,
+    console: Console,
+    *,
+    from_offset: int | str = 0,
+    plain: bool | None = None,
+    on_cursor: Callable[[str], None] | None = None,
+) -> WatchState:
+    """Follow ``handle`` until the run ends; returns what was seen."""
+    state = WatchState(run_id=handle.id)
+    finished_already = await _closed_status(handle) is not None
+    live_view = not finished_already and console.is_terminal and not plain
+    stream = handle.stream(from_offset=from_offset, deltas=live_view)
+    last_refresh = 0.0
+    if live_view:
+        with Live(get_renderable=state.render, console=console, refresh_per_second=8):
+            async for item in stream:
+                state.apply(item)
+                if on_cursor is not None:
+                    on_cursor(state.cursor)
+                if not item.is_delta and time.monotonic() - last_refresh > STATE_REFRESH_SECONDS:
+                    last_refresh = time.monotonic()
+                    await _refresh_usage(handle, state)
+    else:
+        async for item in stream:
+            state.apply(item)
+            if on_cursor is not None:
+                on_cursor(state.cursor)
+            console.print(log_line(item), highlight=False, markup=False, soft_wrap=True)
+    await _refresh_usage(handle, state)
+    state.status = await _closed_status(handle) or state.status
+    return state
+
+
+# --- relaykit runs ----------------------------------------------------------------------------
+
+STATUS_FILTERS: dict[str, str] = {
+    "running": "RelayStatus = 'running' AND ExecutionStatus = 'Running'",
+    "waiting_approval": "RelayStatus = 'waiting_approval' AND ExecutionStatus = 'Running'",
+    "paused": "RelayStatus = 'paused' AND ExecutionStatus = 'Running'",
+    "completed": "ExecutionStatus = 'Completed'",
+    "failed": "ExecutionStatus = 'Failed'",
+    "cancelled": "ExecutionStatus = 'Canceled'",
+    "terminated": "ExecutionStatus = 'Terminated'",
+    "timed_out": "ExecutionStatus = 'TimedOut'",
+}
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def runs_query(status: str | None = None, agent: str | None = None, roots: bool = False) -> str:
+    parts = [f"WorkflowType = {_quote(AGENT_RUN_WORKFLOW)}"]
+    if status is not None:
+        parts.append(f"({STATUS_FILTERS[status]})")
+    if agent is not None:
+        parts.append(f"RelayAgent = {_quote(agent)}")
+    if roots:
+        parts.append("RelayParentRun IS NULL")
+    return " AND ".join(parts)
+
+
+@dataclass
+class RunRow:
+    id: str
+    status: str
+    agent: str
+    started: datetime | None
+    tokens: int | None
+    parent: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.id,
+            "status": self.status,
+            "agent": self.agent,
+            "started": self.started.isoformat() if self.started else None,
+            "tokens": self.tokens,
+            "parent": self.parent,
+        }
+
+
+def _row(execution: WorkflowExecution) -> RunRow:
+    attrs = execution.typed_search_attributes
+    relay_status = attrs.get(RELAY_STATUS)
+    status = execution.status
+    if status in (None, WorkflowExecutionStatus.RUNNING):
+        shown = relay_status or "running"
+    elif status == WorkflowExecutionStatus.COMPLETED:
+        shown = "completed"
+    elif status == WorkflowExecutionStatus.FAILED:
+        shown = "failed"
+    elif status == WorkflowExecutionStatus.CANCELED:
+        shown = "cancelled"
+    else:
+        shown = status.name.lower()
+    return RunRow(
+        id=execution.id,
+        status=shown,
+        agent=attrs.get(RELAY_AGENT) or "",
+        started=execution.start_time,
+        tokens=attrs.get(RELAY_TOKENS),
+        parent=attrs.get(RELAY_PARENT_RUN) or execution.parent_id,
+    )
+
+
+async def list_runs(
+    client: Client,
+    *,
+    status: str | None = None,
+    agent: str | None = None,
+    roots: bool = False,
+    limit: int = 50,
+) -> list[RunRow]:
+    rows = []
+    async for execution in client.list_workflows(runs_query(status, agent, roots), limit=limit):
+        rows.append(_row(execution))
+    return rows
+
+
+def age(started: datetime | None, now: datetime | None = None) -> str:
+    if started is None:
+        return "?"
+    seconds = int(((now or datetime.now(UTC)) - started).total_seconds())
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def runs_table(rows: list[RunRow]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column, justify in (("RUN", "left"), ("STATUS", "left"), ("AGENT", "left"),
+                            ("AGE", "right"), ("TOKENS", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        name = row.id if row.parent is None else f"  {row.id}"
+        table.add_row(escape(name), row.status, escape(row.agent), age(row.started),
+                      "" if row.tokens is None else f"{row.tokens:,}")
+    return table
