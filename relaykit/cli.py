@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from relaykit.client import DEFAULT_TASK_QUEUE, RunHandle, connect, get_run, start_run
@@ -42,6 +42,7 @@ AddressOpt = Annotated[
 NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="Temporal namespace")]
 TaskQueueOpt = Annotated[str, typer.Option("--task-queue", "-q", help="Task queue of the worker")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text")]
+RunIdArg = Annotated[str, typer.Argument(help="Workflow id of the run")]
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -60,6 +61,8 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
             _fail(f"run failed ({exc.type or 'error'}): {exc.message}")
         except RelaykitError as exc:
             _fail(str(exc))
+        except WorkflowUpdateFailedError as exc:  # e.g. an unknown or already answered call id
+            _fail(str(getattr(exc.cause, "message", exc.cause)))
         except RPCError as exc:
             _fail(f"Temporal: {exc.message}")
         except KeyboardInterrupt:
@@ -168,7 +171,7 @@ async def run(
 @app.command()
 @command
 async def result(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -180,7 +183,7 @@ async def result(
 
 @app.command("ui-url")
 def ui_url_command(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     namespace: Annotated[str, typer.Option(help="Temporal namespace")] = "default",
 ) -> None:
     """Print the Temporal UI link of a run (base: RELAYKIT_UI_URL, default localhost:8233)."""
@@ -190,7 +193,7 @@ def ui_url_command(
 @app.command()
 @command
 async def pending(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -210,7 +213,7 @@ async def pending(
 @app.command()
 @command
 async def approve(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     call_id: Annotated[str, typer.Argument(help="Tool call id (see `relaykit pending`)")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve")] = False,
     reason: Annotated[str | None, typer.Option(help="Reason the model will read")] = None,
@@ -219,38 +222,28 @@ async def approve(
 ) -> None:
     """Approve (or --reject) a tool call waiting for a person."""
     handle = await _handle(run_id, address, namespace)
-    from temporalio.client import WorkflowUpdateFailedError
-
-    try:
-        item = await handle.approve(call_id, approved=not reject, reason=reason)
-    except WorkflowUpdateFailedError as exc:
-        raise RelaykitError(str(getattr(exc.cause, "message", exc.cause))) from None
+    item = await handle.approve(call_id, approved=not reject, reason=reason)
     print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
 
 
 @app.command()
 @command
 async def send(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     text: Annotated[str, typer.Argument(help="Message for the model, at the next turn")],
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Inject a user message into a running run."""
     handle = await _handle(run_id, address, namespace)
-    from temporalio.client import WorkflowUpdateFailedError
-
-    try:
-        await handle.send_message(text)
-    except WorkflowUpdateFailedError as exc:
-        raise RelaykitError(str(getattr(exc.cause, "message", exc.cause))) from None
+    await handle.send_message(text)
     print("queued")
 
 
 @app.command()
 @command
 async def pause(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -262,7 +255,7 @@ async def pause(
 @app.command()
 @command
 async def resume(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     text: Annotated[str | None, typer.Argument(help="Optional message for the model")] = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -275,7 +268,7 @@ async def resume(
 @app.command()
 @command
 async def cancel(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -287,7 +280,7 @@ async def cancel(
 @app.command()
 @command
 async def events(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     offset: Annotated[int, typer.Option("--from", help="First event sequence number")] = 0,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
@@ -306,7 +299,7 @@ async def events(
 @app.command()
 @command
 async def watch(
-    run_id: Annotated[str, typer.Argument(help="Workflow id of the run")],
+    run_id: RunIdArg,
     start: Annotated[
         str,
         typer.Option("--from", help="Where to start: an event sequence number, or the cursor "
