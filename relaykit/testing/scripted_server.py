@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -422,6 +423,13 @@ class ScriptedModelServer:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     owner: ScriptedModelServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A caller that went away (a killed worker, a cancelled activity) is part of the script's
+        # world, not a server fault: no traceback for it.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
