@@ -13,12 +13,32 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 Role = Literal["user", "assistant", "tool"]
 
 
-class ToolCall(BaseModel):
+class CompactModel(BaseModel):
+    """A model whose serialised form leaves out fields that hold their default.
+
+    These models travel in every turn's activity inputs and results, so defaults written out
+    again and again (``"tool_calls": []``, ``"is_error": false``, every unset sampling setting)
+    would be most of what a turn adds to history. Parsing fills the defaults back in, so old
+    payloads with every field still parse.
+    """
+
+    @model_serializer(mode="wrap")
+    def _leave_out_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name, field in type(self).model_fields.items():
+                if name in data and not field.is_required():
+                    if getattr(self, name) == field.get_default(call_default_factory=True):
+                        del data[name]
+        return data
+
+
+class ToolCall(CompactModel):
     """A tool call the model asked for. ``arguments`` stays the raw JSON text the model wrote, so
     that malformed arguments reach the tool path (and become an error result) instead of failing
     the model activity."""
@@ -28,7 +48,7 @@ class ToolCall(BaseModel):
     arguments: str = "{}"
 
 
-class Message(BaseModel):
+class Message(CompactModel):
     """One transcript entry.
 
     - ``user``: ``content`` is what the person (or a report, or an injected message) said.
@@ -68,7 +88,7 @@ class Message(BaseModel):
         )
 
 
-class Usage(BaseModel):
+class Usage(CompactModel):
     """Tokens and requests spent. Added up across turns, handoffs and child runs."""
 
     requests: int = 0
@@ -87,7 +107,7 @@ class Usage(BaseModel):
         )
 
 
-class ToolSpec(BaseModel):
+class ToolSpec(CompactModel):
     """What the model is told about one tool: its name, description and JSON schema."""
 
     name: str
@@ -97,14 +117,14 @@ class ToolSpec(BaseModel):
     )
 
 
-class OutputSpec(BaseModel):
+class OutputSpec(CompactModel):
     """The structured output the model must produce as its final answer."""
 
     name: str = "final_output"
     json_schema: dict[str, Any]
 
 
-class ModelResponse(BaseModel):
+class ModelResponse(CompactModel):
     """What one model call returned: a message (text and/or tool calls) and its usage."""
 
     message: Message

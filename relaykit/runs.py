@@ -146,6 +146,8 @@ class RunState(BaseModel):
     context_ref: str | None = None
     """Digest of the transcript prefix the last model call stored (see relaykit.transcripts)."""
     context_ref_count: int = 0
+    static_refs: list[str] = Field(default_factory=list)
+    """Digests of request parts (system, tools, …) the model workers have stored."""
     transcript_offset: int = 0
     """Messages before this index are kept only in the transcript store (dropped from workflow
     state at a continue-as-new so the new run's input stays small)."""

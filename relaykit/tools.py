@@ -32,7 +32,7 @@ from temporalio import activity
 from temporalio.common import RetryPolicy
 
 from relaykit.errors import ConfigurationError
-from relaykit.messages import ToolSpec
+from relaykit.messages import CompactModel, ToolSpec
 from relaykit.names import is_valid_tool_name
 
 DEFAULT_TOOL_TIMEOUT = timedelta(minutes=5)
@@ -67,7 +67,7 @@ class ToolContext(BaseModel):
             self._beat(progress)
 
 
-class ToolInvocation(BaseModel):
+class ToolInvocation(CompactModel):
     """The input of a tool activity (persisted: compatibility data)."""
 
     call_id: str
@@ -77,7 +77,7 @@ class ToolInvocation(BaseModel):
     run_path: list[str] = Field(default_factory=list)
 
 
-class ToolOutcome(BaseModel):
+class ToolOutcome(CompactModel):
     """The result of a tool activity (persisted: compatibility data)."""
 
     content: str

@@ -27,6 +27,9 @@ from pathlib import Path
 from relaykit.messages import Message
 
 DEFAULT_DIR = Path(".relaykit") / "transcripts"
+DIGEST_CHARS = 32
+"""Digests are SHA-256 cut to 128 bits: collision-safe for content addressing, and they travel
+in every turn's activity input."""
 TRANSCRIPT_MISSING = "TranscriptMissing"
 """ApplicationError type a model activity raises when it cannot rebuild a prefix."""
 
@@ -44,12 +47,18 @@ def _canonical(messages: list[Message]) -> str:
     )
 
 
+def static_digest(part: dict[str, object]) -> str:
+    """Digest of a request's unchanging part (computed in workflow code: pure and stable)."""
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+
+
 def node_digest(parent: str | None, messages: list[Message]) -> str:
     hasher = hashlib.sha256()
     hasher.update((parent or "").encode())
     hasher.update(b"\0")
     hasher.update(_canonical(messages).encode())
-    return hasher.hexdigest()
+    return hasher.hexdigest()[:DIGEST_CHARS]
 
 
 class TranscriptStore:
@@ -59,6 +68,7 @@ class TranscriptStore:
         self.directory = Path(directory or os.environ.get("RELAYKIT_TRANSCRIPT_DIR") or DEFAULT_DIR)
         self._cache: OrderedDict[str, list[Message]] = OrderedDict()
         self._cache_size = cache_size
+        self._static: dict[str, dict[str, object]] = {}
 
     def _path(self, digest: str) -> Path:
         return self.directory / digest[:2] / f"{digest}.json"
@@ -101,6 +111,27 @@ class TranscriptStore:
         messages = [m for chunk in reversed(chunks) for m in chunk]
         self._remember(digest, messages)
         return list(messages)
+
+    def save_static(self, digest: str, part: dict[str, object]) -> None:
+        """Store a request's unchanging part under the digest the workflow computed."""
+        path = self.directory / "static" / f"{digest}.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(part), encoding="utf-8")
+            os.replace(tmp, path)
+        self._static[digest] = part
+
+    def load_static(self, digest: str) -> dict[str, object]:
+        cached = self._static.get(digest)
+        if cached is not None:
+            return cached
+        try:
+            part = json.loads((self.directory / "static" / f"{digest}.json").read_text("utf-8"))
+        except FileNotFoundError:
+            raise TranscriptNotFound(digest) from None
+        self._static[digest] = part
+        return part
 
     def _remember(self, digest: str, messages: list[Message]) -> None:
         self._cache[digest] = messages

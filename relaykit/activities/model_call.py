@@ -39,6 +39,7 @@ class ModelActivities:
         await self.http.aclose()
 
     async def _full_request(self, request: ModelRequest) -> ModelRequest:
+        request = await self._with_static_part(request)
         if request.base_ref is None:
             return request
         try:
@@ -53,6 +54,25 @@ class ModelActivities:
                 non_retryable=True,
             )
         return request.model_copy(update={"messages": [*prefix, *request.messages], "base_ref": None})
+
+    async def _with_static_part(self, request: ModelRequest) -> ModelRequest:
+        if request.static_ref is None:
+            return request
+        if request.store_static:
+            await asyncio.to_thread(
+                self.transcripts.save_static, request.static_ref, request.static_part()
+            )
+            return request
+        try:
+            part = await asyncio.to_thread(self.transcripts.load_static, request.static_ref)
+        except TranscriptNotFound:
+            raise ApplicationError(
+                f"request part {request.static_ref[:12]}… is not in this worker's transcript "
+                f"store ({self.transcripts.directory})",
+                type=TRANSCRIPT_MISSING,
+                non_retryable=True,
+            ) from None
+        return ModelRequest.model_validate({**request.model_dump(), **part})
 
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:

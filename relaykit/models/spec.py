@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from relaykit.errors import ConfigurationError
-from relaykit.messages import Message, OutputSpec, ToolSpec
+from relaykit.messages import CompactModel, Message, OutputSpec, ToolSpec
 
 Provider = Literal["openai", "anthropic", "local"]
 
@@ -25,7 +25,7 @@ _COMPATIBLE_SERVERS: dict[str, str] = {
 }
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(CompactModel):
     """Sampling and tool-use settings sent with every request of an agent (all optional)."""
 
     temperature: float | None = None
@@ -40,7 +40,7 @@ class ModelSettings(BaseModel):
     """Provider-specific fields merged into the request body as they are."""
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(CompactModel):
     """A model and how to reach it.
 
     ``tool_calls="constrained"`` is for OpenAI-compatible servers whose model has no native
@@ -91,7 +91,7 @@ def parse_model(model: str | ModelSpec) -> ModelSpec:
     )
 
 
-class ModelRequest(BaseModel):
+class ModelRequest(CompactModel):
     """The input of the model activity: everything one model call needs, and nothing secret."""
 
     model: ModelSpec
@@ -110,3 +110,12 @@ class ModelRequest(BaseModel):
     """How many messages the prefix ``base_ref`` holds (checked when it is loaded)."""
     store_transcript: bool = False
     """Store the prefix this call ends with and return its digest (``transcript_ref``)."""
+    static_ref: str | None = None
+    """Digest of this request's unchanging part (system, tools, output, settings). With
+    ``store_static`` the part is sent and stored under it; without, it is left out and the model
+    worker reads it from its transcript store (a turn then does not resend tool schemas)."""
+    store_static: bool = False
+
+    def static_part(self) -> dict[str, Any]:
+        """The fields :attr:`static_ref` stands for, in JSON form."""
+        return self.model_dump(mode="json", include={"system", "tools", "output", "settings"})

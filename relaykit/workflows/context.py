@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from relaykit.messages import Message
+from relaykit.models.spec import ModelRequest, ModelSettings
 from relaykit.runs import RunState
+from relaykit.transcripts import static_digest
 
 TransportName = Literal["stored", "inline"]
+MAX_STATIC_REFS = 16
 
 
 @dataclass
@@ -56,9 +59,30 @@ class ContextTransport:
             state.context_ref = ref
             state.context_ref_count = state.transcript_offset + len(state.transcript)
 
+    def shrink(self, state: RunState, request: ModelRequest) -> ModelRequest:
+        """Leave out the request's unchanging part (system prompt, tool schemas, output schema,
+        settings) when the model workers already stored it; otherwise ask them to store it."""
+        if self.name != "stored":
+            return request
+        digest = static_digest(request.static_part())
+        if digest in state.static_refs:
+            return request.model_copy(
+                update={
+                    "system": "", "tools": [], "output": None, "settings": ModelSettings(),
+                    "static_ref": digest,
+                }
+            )
+        return request.model_copy(update={"static_ref": digest, "store_static": True})
+
+    def after_store(self, state: RunState, request: ModelRequest) -> None:
+        """The call that stored ``request``'s static part succeeded: later calls can refer to it."""
+        if request.store_static and request.static_ref:
+            state.static_refs = [*state.static_refs, request.static_ref][-MAX_STATIC_REFS:]
+
     @staticmethod
     def forget(state: RunState) -> None:
-        """The transcript was rewritten (handoff filter, compaction): the stored prefix no
-        longer matches, the next request starts a new chain."""
+        """The transcript was rewritten (handoff filter, compaction) or a worker lacks the
+        store: the stored prefix no longer helps, the next request starts a new chain."""
         state.context_ref = None
         state.context_ref_count = 0
+        state.static_refs = []

@@ -251,7 +251,7 @@ class TurnLoop:
                 "worker could not read",
                 TRANSCRIPT_MISSING,
             )
-        return ModelRequest(
+        request = ModelRequest(
             model=self.graph.model_for(agent),
             system=self.system_prompt(agent),
             messages=payload.messages,
@@ -263,6 +263,7 @@ class TurnLoop:
             settings=self._settings_for(agent),
             reminder=self.children.reminder(),
         )
+        return self.transport.shrink(self.state, request)
 
     def _settings_for(self, agent: Agent) -> ModelSettings:
         settings = agent.model_settings or ModelSettings()
@@ -273,15 +274,18 @@ class TurnLoop:
         return settings
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
+        request = self.build_request(agent)
         try:
-            response = await self._execute_model_call(self.build_request(agent), agent)
+            response = await self._execute_model_call(request, agent)
         except ActivityError as exc:
             cause = exc.cause
             if not (isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING):
                 raise
             # This worker cannot see the stored prefix: start a new chain, sending it all.
             self.transport.forget(self.state)
-            response = await self._execute_model_call(self.build_request(agent), agent)
+            request = self.build_request(agent)
+            response = await self._execute_model_call(request, agent)
+        self.transport.after_store(self.state, request)
         self.add_usage(response.usage, check=False)
         self._last_input_tokens = response.usage.input_tokens
         return response
@@ -303,7 +307,7 @@ class TurnLoop:
                 raise  # the run is being cancelled: end as cancelled, not failed
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING:
-                if request.base_ref is not None:
+                if request.base_ref is not None or request.static_ref is not None:
                     raise
             kind = cause.type if isinstance(cause, ApplicationError) else None
             detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
