@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import json
 import re
@@ -138,8 +139,9 @@ class Tool:
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def spec(self) -> ToolSpec:
+        """What the model is told about the tool (built once: it depends only on code)."""
         schema = self.args_model.model_json_schema()
         schema.pop("title", None)
         return ToolSpec(name=self.name, description=self.description, parameters=schema)

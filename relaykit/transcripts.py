@@ -54,10 +54,14 @@ def static_digest(part: dict[str, object]) -> str:
 
 
 def node_digest(parent: str | None, messages: list[Message]) -> str:
+    return _digest(parent, _canonical(messages))
+
+
+def _digest(parent: str | None, canonical: str) -> str:
     hasher = hashlib.sha256()
     hasher.update((parent or "").encode())
     hasher.update(b"\0")
-    hasher.update(_canonical(messages).encode())
+    hasher.update(canonical.encode())
     return hasher.hexdigest()[:DIGEST_CHARS]
 
 
@@ -75,20 +79,27 @@ class TranscriptStore:
 
     def save(self, parent: str | None, messages: list[Message]) -> str:
         """Store ``messages`` after the prefix ``parent``; return the new prefix's digest."""
-        digest = node_digest(parent, messages)
+        canonical = _canonical(messages)
+        digest = _digest(parent, canonical)
         path = self._path(digest)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(
-                json.dumps({"parent": parent, "messages": json.loads(_canonical(messages))}),
-                encoding="utf-8",
-            )
+            parent_json = json.dumps(parent)
+            tmp.write_text(f'{{"parent":{parent_json},"messages":{canonical}}}', encoding="utf-8")
             os.replace(tmp, path)  # atomic: readers never see half a node
         if parent is None or parent in self._cache:
             base = self._cache.get(parent, []) if parent else []
             self._remember(digest, [*base, *messages])
         return digest
+
+    def cached(self, digest: str) -> list[Message] | None:
+        """The transcript ``digest`` if it is in memory (no file access)."""
+        cached = self._cache.get(digest)
+        if cached is None:
+            return None
+        self._cache.move_to_end(digest)
+        return list(cached)
 
     def load(self, digest: str) -> list[Message]:
         """The whole transcript whose prefix digest is ``digest``."""

@@ -31,7 +31,7 @@ class ModelActivities:
     ) -> None:
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(120.0, connect=10.0),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
         )
         self.transcripts = transcripts or TranscriptStore()
 
@@ -43,7 +43,9 @@ class ModelActivities:
         if request.base_ref is None:
             return request
         try:
-            prefix = await asyncio.to_thread(self.transcripts.load, request.base_ref)
+            prefix = self.transcripts.cached(request.base_ref)
+            if prefix is None:  # files are read off the event loop
+                prefix = await asyncio.to_thread(self.transcripts.load, request.base_ref)
         except TranscriptNotFound:
             prefix = None
         if prefix is None or len(prefix) != request.base_count:

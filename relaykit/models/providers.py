@@ -504,16 +504,19 @@ async def _heartbeating(work: Awaitable[T], heartbeat: Callable[[], None] | None
     heartbeat timeout only fires when the worker itself is gone."""
     if heartbeat is None:
         return await work
-    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
+
+    def beat() -> None:
+        nonlocal timer
+        heartbeat()
+        timer = loop.call_later(HEARTBEAT_INTERVAL_SECONDS, beat)
+
+    timer = loop.call_later(HEARTBEAT_INTERVAL_SECONDS, beat)
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_INTERVAL_SECONDS)
-            if done:
-                return task.result()
-            heartbeat()
+        return await work
     finally:
-        if not task.done():
-            task.cancel()
+        timer.cancel()
 
 
 async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:

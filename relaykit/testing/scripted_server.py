@@ -422,6 +422,7 @@ class ScriptedModelServer:
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # many concurrent runs (benchmarks) connect at once
     owner: ScriptedModelServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -434,6 +435,9 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle's algorithm the second waits for
+    # the client's delayed ACK (~40 ms a call).
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def setup(self) -> None:

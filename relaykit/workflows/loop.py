@@ -95,6 +95,7 @@ class TurnLoop:
         self.output_override = OutputType(output_type) if output_type is not None else None
         self.transport = ContextTransport(run_input.transcript_transport)
         self._output_types: dict[str, OutputType] = {}
+        self._tool_specs: dict[str, list[ToolSpec]] = {}
         if run_input.state is not None:
             self.state = run_input.state
         else:
@@ -223,9 +224,13 @@ class TurnLoop:
         return self._output_types[agent.name]
 
     def tool_specs(self, agent: Agent) -> list[ToolSpec]:
-        specs = [entry.spec for entry in agent.tools]
-        specs.extend(as_handoff(entry).spec for entry in agent.handoffs)
-        specs.extend(self.children.tool_specs(agent))
+        """Everything the agent may call (built once per agent: it depends only on code)."""
+        specs = self._tool_specs.get(agent.name)
+        if specs is None:
+            specs = [entry.spec for entry in agent.tools]
+            specs.extend(as_handoff(entry).spec for entry in agent.handoffs)
+            specs.extend(self.children.tool_specs(agent))
+            self._tool_specs[agent.name] = specs
         return specs
 
     def system_prompt(self, agent: Agent) -> str:

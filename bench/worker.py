@@ -1,0 +1,78 @@
+"""A benchmark worker in a process of its own, so its memory and CPU can be read from ``/proc``.
+
+``python -m bench.worker relaykit --address HOST:PORT --task-queue Q --model-url URL`` serves the
+agents of :mod:`bench.agents` with :class:`relaykit.Worker`;
+``python -m bench.worker floor --address HOST:PORT --task-queue Q [--latency-ms MS]`` serves the
+floor's workflows (:mod:`bench.floor`) with a plain Temporal worker. Both use the default worker
+options (``--max-cached-workflows`` overrides the sticky cache size of either) and the same data
+converter, and both pass their own package through the workflow sandbox. Prints ``ready <pid>`` once polling; stops gracefully on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker as TemporalWorker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+
+def floor_runner() -> SandboxedWorkflowRunner:
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules("bench")
+    )
+
+
+async def serve(args: argparse.Namespace) -> None:
+    client = await Client.connect(args.address, data_converter=pydantic_data_converter)
+    options: dict[str, Any] = {}
+    if args.max_cached_workflows is not None:
+        options["max_cached_workflows"] = args.max_cached_workflows
+    worker: Any
+    if args.system == "relaykit":
+        import relaykit
+        from bench.agents import build_agents
+
+        if not args.model_url:
+            raise SystemExit("--model-url is required for the relaykit worker")
+        worker = relaykit.Worker(
+            client, build_agents(args.model_url), task_queue=args.task_queue, **options
+        )
+    else:
+        from bench.floor import FLOOR_WORKFLOWS, floor_activities
+
+        worker = TemporalWorker(
+            client,
+            task_queue=args.task_queue,
+            workflows=FLOOR_WORKFLOWS,
+            activities=floor_activities(args.latency_ms / 1000.0),
+            workflow_runner=floor_runner(),
+            **options,
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with worker:
+        print(f"ready {os.getpid()}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("system", choices=["relaykit", "floor"])
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--task-queue", required=True)
+    parser.add_argument("--model-url", default=None)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--max-cached-workflows", type=int, default=None)
+    asyncio.run(serve(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
