@@ -41,6 +41,8 @@ class AgentGraph:
     tools: dict[str, Tool] = field(default_factory=dict)
     handoffs: dict[str, Handoff] = field(default_factory=dict)
     default_model: ModelSpec | None = None
+    event_groups: bool = False
+    """Whether each turn's commands are grouped for the Temporal UI (set by the worker)."""
     search_attributes: bool = False
     """Whether runs upsert relaykit's search attributes (set by the worker when the namespace
     has them registered; upserting an unregistered one would fail every workflow task)."""

@@ -31,11 +31,27 @@ class CompactModel(BaseModel):
     def _leave_out_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict):
-            for name, field in type(self).model_fields.items():
-                if name in data and not field.is_required():
-                    if getattr(self, name) == field.get_default(call_default_factory=True):
-                        del data[name]
+            for name, default in _defaults(type(self)).items():
+                if name in data and getattr(self, name) == default:
+                    del data[name]
         return data
+
+
+_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _defaults(cls: type[BaseModel]) -> dict[str, Any]:
+    """Each optional field's default, computed once per class (pydantic's own lookup inspects
+    default factories every time, which costs more than the serialisation it shortens)."""
+    known = _DEFAULTS.get(cls)
+    if known is None:
+        known = {
+            name: field.get_default(call_default_factory=True)
+            for name, field in cls.model_fields.items()
+            if not field.is_required()
+        }
+        _DEFAULTS[cls] = known
+    return known
 
 
 class ToolCall(CompactModel):

@@ -74,6 +74,7 @@ class Worker:
         activities: Sequence[Any] = (),
         search_attributes: bool | None = None,
         transcript_dir: str | os.PathLike[str] | None = None,
+        event_groups: bool = False,
         tracing: bool | None = None,
         tracer: Any = None,
         delta_interval: timedelta = DEFAULT_DELTA_INTERVAL,
@@ -91,6 +92,7 @@ class Worker:
         self._tracer = tracer
         self._delta_interval = delta_interval
         self.transcripts = TranscriptStore(transcript_dir)
+        self.graph.event_groups = event_groups
         self._options = worker_options
         self._model_activities: ModelActivities | None = None
         self._worker: TemporalWorker | None = None

@@ -90,7 +90,7 @@ async def test_a_finished_run_reads_well_in_the_temporal_ui(
     )
     billing = Agent(name="billing", model=billing_model, tools=[lookup, refund])
     support = Agent(name="support", model=support_model, tools=[billing.as_tool()])
-    async with serving(client, support, search_attributes=True) as worker:
+    async with serving(client, support, search_attributes=True, event_groups=True) as worker:
         handle = await start_run(client, support, "I was charged twice", task_queue=worker.task_queue)
         call_id = await waiting_for_a_person(handle)
         child = client.get_workflow_handle(next(

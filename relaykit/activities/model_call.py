@@ -10,6 +10,7 @@ transcript usually arrives as a reference plus the newest messages (see
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 from temporalio import activity
@@ -34,6 +35,8 @@ class ModelActivities:
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
         )
         self.transcripts = transcripts or TranscriptStore()
+        self._statics: dict[str, dict[str, Any]] = {}
+        """Request parts by digest, parsed (a turn then skips the store and the parsing)."""
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -64,17 +67,35 @@ class ModelActivities:
             await asyncio.to_thread(
                 self.transcripts.save_static, request.static_ref, request.static_part()
             )
+            self._remember_statics(
+                request.static_ref,
+                {"system": request.system, "tools": request.tools,
+                 "output": request.output, "settings": request.settings},
+            )
             return request
-        try:
-            part = await asyncio.to_thread(self.transcripts.load_static, request.static_ref)
-        except TranscriptNotFound:
-            raise ApplicationError(
-                f"request part {request.static_ref[:12]}… is not in this worker's transcript "
-                f"store ({self.transcripts.directory})",
-                type=TRANSCRIPT_MISSING,
-                non_retryable=True,
-            ) from None
-        return ModelRequest.model_validate({**request.model_dump(), **part})
+        statics = self._statics.get(request.static_ref)
+        if statics is None:
+            try:
+                part = await asyncio.to_thread(self.transcripts.load_static, request.static_ref)
+            except TranscriptNotFound:
+                raise ApplicationError(
+                    f"request part {request.static_ref[:12]}… is not in this worker's "
+                    f"transcript store ({self.transcripts.directory})",
+                    type=TRANSCRIPT_MISSING,
+                    non_retryable=True,
+                ) from None
+            parsed = ModelRequest.model_validate({"model": request.model, **part})
+            statics = {
+                "system": parsed.system, "tools": parsed.tools,
+                "output": parsed.output, "settings": parsed.settings,
+            }
+            self._remember_statics(request.static_ref, statics)
+        return request.model_copy(update=statics)
+
+    def _remember_statics(self, digest: str, statics: dict[str, Any]) -> None:
+        self._statics[digest] = statics
+        if len(self._statics) > 256:
+            self._statics.pop(next(iter(self._statics)))
 
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:

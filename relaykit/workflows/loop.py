@@ -20,6 +20,7 @@ Where things live:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from datetime import timedelta
@@ -183,9 +184,12 @@ class TurnLoop:
         return self.graph.agent(self.state.agent)
 
     def turn_group(self, agent: Agent) -> Any:
-        """[observability] Marks the commands of this turn (model call, tool calls, child runs)
-        as one event group for the Temporal UI. Experimental in the SDK; it adds no history event
-        and replays either way (docs/observability.md)."""
+        """Marks the commands of this turn (model call, tool calls, child runs) as one event
+        group for the Temporal UI, when the worker enables it (``Worker(event_groups=True)``).
+        Experimental in the SDK; it adds no history event, but a labelled marker to each
+        command, so it is off by default (docs/observability.md)."""
+        if not self.graph.event_groups:
+            return contextlib.nullcontext()
         label = f"turn {self.state.turn} · {agent.name}"
         return workflow.create_event_group(f"turn-{self.state.turn}", label=label).scope()
 
