@@ -373,3 +373,58 @@ async def test_subagent_approvals_are_rejected_unless_they_go_to_the_parent(
     # The report arrives as a turn-boundary message or as the wait result, whichever is first.
     delivered = " ".join(m.content for m in result.transcript if m.role in ("user", "tool"))
     assert "unattended" in delivered
+
+
+async def test_research_example_runs_subagents_and_an_agent_tool_end_to_end(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    from examples.research import research_lead, scripted_research_lead
+
+    model = scripted_model(model_server)
+    model_server.respond(model.name, scripted_research_lead)
+    async with serving(client, research_lead, default_model=model) as worker:
+        handle = await start_run(
+            client, research_lead, "Compare Temporal and Celery", task_queue=worker.task_queue
+        )
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+        kinds = [e.kind for e in await handle.events()]
+    assert result.output.startswith("Comparison:")
+    assert "replay it and continue" in result.output and "broker" in result.output
+    assert kinds.count("subagent_started") == 2
+    assert any(m.name == "ask_editor" and m.content.startswith("Edited:") for m in result.transcript)
+
+
+async def test_send_to_subagent_steers_a_running_task(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The message enters the child's conversation at its next turn boundary.
+    gate = threading.Event()
+    researcher_model = scripted_model(model_server)
+    lead_model = scripted_model(model_server)
+
+    def research(request: ScriptedRequest) -> Step:
+        if request.index == 0:
+            return call("note", text="first", hold=gate)
+        return text("saw: " + request.last_user_text)
+
+    model_server.respond(researcher_model.name, research)
+    researcher = Agent(name="researcher", model=researcher_model, tools=[note])
+    lead = Agent(name="lead", model=lead_model, subagents=Subagents([researcher]))
+
+    def lead_respond(request: ScriptedRequest) -> Step:
+        if request.index == 0:
+            return call("spawn_subagent", prompt="start")
+        if request.index == 1:
+            return call("send_to_subagent", raw_arguments='{"id": "task-1", "message": "focus on B"}')
+        if request.index == 2:
+            gate.set()
+            return call("wait_subagents", timeout_seconds=30)
+        return text("done")
+
+    model_server.respond(lead_model.name, lead_respond)
+    async with serving(client, lead) as worker:
+        result = await asyncio.wait_for(
+            (await start_run(client, lead, "go", task_queue=worker.task_queue)).result(), 30
+        )
+    delivered = " ".join(m.content for m in result.transcript if m.role in ("user", "tool"))
+    assert "saw: focus on B" in delivered
