@@ -21,6 +21,7 @@ from relaykit.client import connect, start_run
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
 from relaykit.runs import RunEvent
+from relaykit.testing.scripted_server import Responder, ScriptedModelServer
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.worker import Worker
@@ -99,28 +100,18 @@ def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
         ) from None
 
 
-def _scripted_server(responder: object) -> object:
-    from relaykit.testing.scripted_server import ScriptedModelServer
-
-    server = ScriptedModelServer(fallback=responder)  # type: ignore[arg-type]
-    server.start()
-    return server
-
-
 async def _serve(
     stack: AsyncExitStack, target: str, port: int, ui_port: int, data_dir: str, task_queue: str,
-    scripted_responder: object,
+    scripted_responder: Responder,
 ) -> tuple[DevServer, Worker, ModelChoice]:
     agents = load_agents(target)
     choice = choose_model()
     spec = choice.spec
     if spec is None:
-        scripted = _scripted_server(scripted_responder)
-        stack.callback(scripted.stop)  # type: ignore[attr-defined]
+        scripted = ScriptedModelServer(fallback=scripted_responder).start()
+        stack.callback(scripted.stop)
         spec = ModelSpec(
-            provider="openai",
-            name=SCRIPTED_MODEL_NAME,
-            base_url=f"{scripted.base_url}/v1",  # type: ignore[attr-defined]
+            provider="openai", name=SCRIPTED_MODEL_NAME, base_url=f"{scripted.base_url}/v1"
         )
     console.print("starting the embedded Temporal server…")
     server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
@@ -137,7 +128,7 @@ async def _serve(
     return server, worker, choice
 
 
-def find_scripted_responder(target: str) -> object | None:
+def find_scripted_responder(target: str) -> Responder | None:
     """A module's own scripted stand-in for a model: ``scripted_responder``, else its single
     ``scripted_*`` function (examples ship one so they run offline)."""
     import importlib

@@ -75,6 +75,7 @@ class ToolInvocation(CompactModel):
     arguments: str = "{}"
     agent: str = ""
     workflow_id: str = ""
+    """Only in inputs recorded by early versions; the tool reads it from the activity's info."""
     run_path: list[str] = Field(default_factory=list)
 
 
@@ -182,8 +183,10 @@ class Tool:
 
 def _tool_context(tool_name: str, invocation: ToolInvocation) -> ToolContext:
     attempt, progress, beat = 1, None, None
+    workflow_id = invocation.workflow_id
     if activity.in_activity():
         info = activity.info()
+        workflow_id = workflow_id or info.workflow_id or ""
         attempt = info.attempt
         progress = info.heartbeat_details[0] if info.heartbeat_details else None
         loop = asyncio.get_running_loop()
@@ -203,7 +206,7 @@ def _tool_context(tool_name: str, invocation: ToolInvocation) -> ToolContext:
         call_id=invocation.call_id,
         tool_name=tool_name,
         agent=invocation.agent,
-        workflow_id=invocation.workflow_id,
+        workflow_id=workflow_id,
         run_path=invocation.run_path,
         attempt=attempt,
         progress=progress,

@@ -53,10 +53,6 @@ def static_digest(part: dict[str, object]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def node_digest(parent: str | None, messages: list[Message]) -> str:
-    return _digest(parent, _canonical(messages))
-
-
 def _digest(parent: str | None, canonical: str) -> str:
     hasher = hashlib.sha256()
     hasher.update((parent or "").encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from datetime import timedelta
 import threading
@@ -203,6 +204,7 @@ async def test_long_tool_resumes_from_its_heartbeat_progress_on_retry(
 ) -> None:
     # A sync tool reports progress with heartbeats; the retry after a failure starts from there.
     attempts: list[tuple[int, int]] = []
+    workflow_ids: list[str] = []
 
     @tool(
         heartbeat_timeout=5,
@@ -212,6 +214,7 @@ async def test_long_tool_resumes_from_its_heartbeat_progress_on_retry(
         """Crawl some pages."""
         start = ctx.progress or 0
         attempts.append((ctx.attempt, start))
+        workflow_ids.append(ctx.workflow_id)
         for page in range(start, pages):
             if ctx.attempt == 1 and page == 3:
                 raise ApplicationError("the browser machine went away")
@@ -222,6 +225,38 @@ async def test_long_tool_resumes_from_its_heartbeat_progress_on_retry(
     model_server.script(model.name, [call("crawl", pages=5), text("done")])
     agent = Agent(name="crawler", model=model, tools=[crawl])
     async with serving(client, agent) as worker:
-        result = await (await start_run(client, agent, "crawl", task_queue=worker.task_queue)).result()
+        handle = await start_run(client, agent, "crawl", task_queue=worker.task_queue)
+        result = await handle.result()
     assert attempts == [(1, 0), (2, 3)]
+    assert workflow_ids == [handle.id, handle.id]  # from the activity's info
     assert [m.content for m in result.transcript if m.role == "tool"] == ["crawled pages 4..5 on attempt 2"]
+
+
+def test_turn_payloads_leave_out_default_fields_and_parse_back() -> None:
+    message = Message.user("hi")
+    assert message.model_dump_json() == '{"role":"user","content":"hi"}'
+    assert Message.model_validate_json(message.model_dump_json()) == message
+
+
+async def test_tool_schemas_travel_once_then_by_digest(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # After the first call the model activity's input refers to the system prompt and tool
+    # schemas by digest; the model still receives them every turn.
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("step", n=1), call("step", n=2), text("done")])
+    agent = Agent(name="digest_user", instructions="Be exact.", model=model, tools=[step])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
+        await handle.result()
+    inputs = [
+        json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        async for e in handle.workflow.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "relaykit.model_call"
+    ]
+    assert "tools" in inputs[0] and inputs[0]["store_static"] is True
+    assert all("tools" not in i and "system" not in i for i in inputs[1:])
+    assert {i["static_ref"] for i in inputs} == {inputs[0]["static_ref"]}
+    for request in model_server.requests(model.name):
+        assert request.tool_names == ["step"] and request.system == "Be exact."

@@ -208,9 +208,6 @@ class Children:
 
     # --- background subagents -------------------------------------------------------------------
 
-    def capability(self, agent: Agent) -> Subagents | None:
-        return agent.subagents
-
     def agents_for(self, agent: Agent) -> list[Agent]:
         capability = agent.subagents
         assert capability is not None

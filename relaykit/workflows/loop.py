@@ -522,9 +522,8 @@ class TurnLoop:
             call_id=call.id,
             arguments=call.arguments,
             agent=agent.name,
-            workflow_id=workflow.info().workflow_id,
             run_path=self.state.run_path,
-        )
+        )  # the workflow id is in the activity's own info: not repeated in every input
         try:
             outcome = await workflow.execute_activity(
                 entry.name,
