@@ -31,12 +31,13 @@ import asyncio
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 from temporalio.exceptions import ApplicationError
@@ -69,6 +70,7 @@ MAX_RESPONSE_BYTES = 1536 * 1024
 HEARTBEAT_INTERVAL_SECONDS = 1.0
 
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
+_CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 _MAX_PROVIDER_MESSAGE = 500
 
 _CONTEXT_MARKERS = frozenset(
@@ -118,6 +120,12 @@ class Endpoint:
     """Name of the variable the key came from (or should have), for error hints."""
     secret: str | None = field(default=None, repr=False)
     """Kept only to scrub it from any error text."""
+
+    @property
+    def secrets(self) -> tuple[str | None, ...]:
+        """Everything to scrub from error text: the key and the credential headers built from it."""
+        sent = (v for k, v in self.headers.items() if k.lower() in _CREDENTIAL_HEADERS)
+        return (self.secret, *sent)
 
     @property
     def compatible(self) -> bool:
@@ -224,10 +232,78 @@ def _compatible_endpoint(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:
 # --------------------------------------------------------------------------------------------
 
 
+REDACTED = "[redacted]"
+
+# Credentials that look like credentials, even when relaykit does not know them (a proxy's own
+# key, a key echoed by a server from another header): bearer tokens and key-like assignments.
+_CREDENTIAL_PATTERNS = (
+    re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(
+        r"(?i)(\b(?:x-api-key|api[-_]?key|authorization|access[-_]?token|secret)\b[\"']?\s*[:=]\s*[\"']?)"
+        r"(?!bearer\b|basic\b)[A-Za-z0-9._~+/=-]{8,}"
+    ),
+)
+
+
+def _variants(secret: str) -> set[str]:
+    """The forms a secret takes when a server echoes it inside JSON or a URL."""
+    return {secret, json.dumps(secret)[1:-1], quote(secret, safe="")}
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """Remove credentials from text that came from outside the worker.
+
+    Every message relaykit builds from a provider's response (error bodies, non-JSON bodies, SSE
+    events, parser exceptions, transport errors) passes through here before it can become an
+    exception, a log line or a Temporal failure, where it would be stored in history forever.
+    Known secrets are removed in their raw, JSON-escaped and URL-encoded forms; anything that
+    looks like a bearer token or an ``api_key=…`` assignment is removed too.
+    """
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            for form in sorted(_variants(secret), key=len, reverse=True):
+                text = text.replace(form, REDACTED)
+    text = _CREDENTIAL_PATTERNS[0].sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    return _CREDENTIAL_PATTERNS[1].sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+
+
 def _redact(text: str, secret: str | None) -> str:
-    if secret and len(secret) >= 4:
-        text = text.replace(secret, "[redacted]")
-    return text
+    return redact(text, (secret,))
+
+
+def _redact_value(value: Any, secrets: tuple[str | None, ...]) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {k: _redact_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_value(v, secrets) for v in value]
+    return value
+
+
+def redacted_error(exc: BaseException, endpoint: Endpoint) -> ApplicationError:
+    """``exc`` as an :class:`ApplicationError` with no credential in its message or details.
+
+    The one exit of :func:`call_model`: whatever path built the error, this is the last thing it
+    passes before Temporal records it. Errors that are not ``ApplicationError`` (a bug or an
+    unexpected library exception) keep Temporal's retries but lose their traceback context.
+    """
+    secrets = endpoint.secrets
+    if isinstance(exc, ApplicationError):
+        return ApplicationError(
+            redact(exc.message, secrets),
+            *(_redact_value(d, secrets) for d in exc.details),
+            type=exc.type,
+            non_retryable=exc.non_retryable,
+            next_retry_delay=exc.next_retry_delay,
+        )
+    return ApplicationError(
+        f"calling {endpoint.provider} failed unexpectedly: "
+        f"{type(exc).__name__}: {_short(redact(str(exc), secrets))}",
+        {"provider": endpoint.provider},
+        type=MODEL_CALL_FAILED,
+        non_retryable=False,
+    )
 
 
 def _short(text: str) -> str:
@@ -668,6 +744,22 @@ async def call_model(
     endpoint = resolve_endpoint(request.model)
     body = _build(request, endpoint)
     try:
+        result = await _call(request, endpoint, body, http, on_delta, heartbeat)
+    except Exception as exc:  # noqa: BLE001 - one redaction for every way a call can fail
+        raise redacted_error(exc, endpoint) from None
+    check_payload_size(result)
+    return result
+
+
+async def _call(
+    request: ModelRequest,
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    http: httpx.AsyncClient,
+    on_delta: Callable[[str], None] | None,
+    heartbeat: Callable[[], None] | None,
+) -> ModelResponse:
+    try:
         if request.model.stream:
             result = await _call_streaming(request, endpoint, body, http, on_delta, heartbeat)
         else:
@@ -698,5 +790,4 @@ async def call_model(
             f"cannot call {endpoint.provider} at {endpoint.url}: {_redact(str(exc), endpoint.secret)}",
             "check the base URL configured for this model",
         ) from None
-    check_payload_size(result)
     return result

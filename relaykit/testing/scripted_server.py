@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, Self
 
 Api = Literal["openai", "anthropic"]
-StepKind = Literal["reply", "error", "overflow", "disconnect"]
+StepKind = Literal["reply", "error", "overflow", "disconnect", "raw"]
 
 DEFAULT_USAGE: tuple[int, int] = (10, 5)
 _CHUNK = 4  # characters per streamed piece: small, so clients must really reassemble
@@ -137,6 +137,23 @@ def context_overflow(
     context-window handling is tested against the real bodies. ``limit`` defaults to 128000
     (OpenAI) or 200000 (Anthropic), ``tokens`` to a little more than the limit."""
     return Step(kind="overflow", status=400, context=(tokens, limit), delay=delay, hold=hold)
+
+
+def raw(
+    body: str,
+    *,
+    status: int = 200,
+    content_type: str = "text/html",
+    delay: float = 0.0,
+    hold: threading.Event | None = None,
+) -> Step:
+    """A response sent verbatim with any status and content type: the HTML page of a proxy, a
+    body that is not JSON, or (with ``content_type="text/event-stream"``) a stream whose events
+    are not JSON. Built in a responder, it can echo what the client sent."""
+    return Step(
+        kind="raw", status=status, body=body, headers={"content-type": content_type},
+        delay=delay, hold=hold,
+    )
 
 
 def disconnect(*, delay: float = 0.0, hold: threading.Event | None = None) -> Step:
@@ -482,6 +499,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not owner._wait(step) or step.kind == "disconnect":
             self.close_connection = True
             return
+        if step.kind == "raw":
+            self._send_raw(step)
+            return
         if step.kind in ("error", "overflow"):
             self._send_json(step.status, _error_body(api, step), step.headers)
             return
@@ -506,6 +526,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_raw(self, step: Step) -> None:
+        data = str(step.body or "").encode()
+        self.send_response(step.status)
+        for k, v in step.headers.items():
+            self.send_header(k, v)
+        self.send_header("content-length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
