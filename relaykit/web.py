@@ -18,7 +18,8 @@ Safety limits, all set with :func:`make_fetch_url`:
   read when the tool runs, i.e. on the worker. Proxy variables (``HTTP_PROXY`` …) are ignored:
   a proxy would resolve the name again, out of reach of the check.
 - **Size:** at most ``max_bytes`` of (decoded) body are read; the text is cut to ``max_chars``
-  with a marker saying so.
+  with a marker saying so. Compressed bodies (gzip, deflate) are decompressed step by step up to
+  that limit, so a decompression bomb costs no more memory than an ordinary page.
 - **Time:** ``connect_timeout`` for each connection, and ``timeout`` for the whole fetch,
   redirects included (a server that trickles bytes cannot hold the tool).
 - **Redirects:** at most ``max_redirects`` hops, each one checked.
@@ -47,8 +48,10 @@ import os
 import re
 import socket
 import ssl
+import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from html.parser import HTMLParser
@@ -343,6 +346,7 @@ async def _open(
     headers = {
         "Host": _host_header(url),
         "User-Agent": config.user_agent,
+        "Accept-Encoding": ACCEPT_ENCODING,
         "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,"
         "*/*;q=0.1",
     }
@@ -467,16 +471,69 @@ def _looks_binary(raw: bytes) -> bool:
     return b"\x00" in head
 
 
+#: The content codings fetch_url asks for and decodes itself (see :class:`_BoundedDecoder`).
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+class _BoundedDecoder:
+    """Decompresses a body without ever producing more than asked for.
+
+    httpx decodes each network chunk whole: a 64 KiB gzip chunk of zeros becomes 64 MiB in one
+    step, so a small compressed page can cost gigabytes before any size check runs. Here every
+    step asks zlib for at most the bytes still allowed (``max_length``) and keeps the rest of the
+    input (``unconsumed_tail``) for later, so memory stays within the limit whatever the ratio.
+    """
+
+    def __init__(self, coding: str, url: httpx.URL) -> None:
+        codings = [c.strip().lower() for c in coding.split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise FetchRefused(
+                f"refused {url}: unsupported content encoding {coding!r} (fetch_url accepts "
+                f"{ACCEPT_ENCODING})"
+            )
+        self.coding = codings[0] if codings else None
+        self._zlib: Any = None
+        if self.coding in ("gzip", "x-gzip"):
+            self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._pending = b""
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        """Up to ``limit`` decoded bytes from ``data`` (and input held back earlier)."""
+        if self.coding is None:
+            return data[:limit]
+        if self._zlib is None:  # deflate: zlib-wrapped as the RFC says, or raw as some send
+            head = self._pending + data
+            if len(head) < 2:
+                self._pending = head
+                return b""
+            wrapped = (head[0] & 0x0F) == 8 and int.from_bytes(head[:2], "big") % 31 == 0
+            self._zlib = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+            data, self._pending = head, b""
+        out = bytearray()
+        try:
+            out += self._zlib.decompress(data, limit)
+            while len(out) < limit and self._zlib.unconsumed_tail:
+                out += self._zlib.decompress(self._zlib.unconsumed_tail, limit - len(out))
+        except zlib.error as exc:
+            raise FetchError(f"the page's compressed body is corrupt ({exc})") from None
+        return bytes(out)
+
+    @property
+    def has_more(self) -> bool:
+        """Input is held back that may still decode to more output."""
+        return bool(self._zlib is not None and self._zlib.unconsumed_tail)
+
+
 async def _read_limited(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
-    """Read at most ``max_bytes`` of the (decoded) body."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes(_READ_CHUNK):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > max_bytes:
-            return b"".join(chunks)[:max_bytes], True
-    return b"".join(chunks), False
+    """Read at most ``max_bytes`` of the decoded body, decoding no more than that."""
+    decoder = _BoundedDecoder(response.headers.get("content-encoding", ""), response.url)
+    body = bytearray()
+    async for chunk in response.aiter_raw(_READ_CHUNK):
+        body += decoder.feed(chunk, max_bytes + 1 - len(body))
+        if len(body) > max_bytes or decoder.has_more:
+            return bytes(body[:max_bytes]), True
+    return bytes(body), False
 
 
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)

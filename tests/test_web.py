@@ -6,8 +6,11 @@ tool with ``allowed_hosts=["127.0.0.1"]`` and others check the refusal itself.
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
+import tracemalloc
+import zlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -294,6 +297,57 @@ async def test_binaries_are_refused(pages: PageServer) -> None:
         await fetch(tool, pages.url("/image.png"))
     with pytest.raises(FetchRefused, match="looks binary"):
         await fetch(tool, pages.url("/mystery"))
+
+
+def _gzip_of_zeros(size: int) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(1 << 20)
+    parts = [packer.compress(block) for _ in range(size >> 20)]
+    return b"".join([*parts, packer.flush()])
+
+
+async def test_a_gzip_bomb_costs_no_more_memory_than_the_byte_limit(pages: PageServer) -> None:
+    # 256 MiB of zeros in ~250 KiB of gzip: decoding it whole would allocate 64 MiB per chunk.
+    bomb = _gzip_of_zeros(256 << 20)
+    pages.routes["/bomb.txt"] = page("text/plain", bomb, content_encoding="gzip")
+    tool = local_fetch(max_bytes=1_000_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FetchRefused, match="looks binary"):  # zeros are not text
+            await fetch(tool, pages.url("/bomb.txt"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12_000_000, f"decoding allocated {peak:,} bytes"
+
+
+async def test_compressed_pages_are_read_and_cut_at_the_decoded_limit(pages: PageServer) -> None:
+    text = "durable " * 50_000  # 400 KB
+    raw_deflate = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    pages.routes.update(
+        {
+            "/gz.txt": page("text/plain", gzip.compress(text.encode()), content_encoding="gzip"),
+            "/zlib.txt": page("text/plain", zlib.compress(text.encode()), content_encoding="deflate"),
+            "/raw.txt": page(
+                "text/plain",
+                raw_deflate.compress(text.encode()) + raw_deflate.flush(),
+                content_encoding="deflate",
+            ),
+            "/corrupt.txt": page("text/plain", b"\x1f\x8b\x08garbage" * 10, content_encoding="gzip"),
+            "/brotli.txt": page("text/plain", b"whatever", content_encoding="br"),
+        }
+    )
+    tool = local_fetch(max_bytes=100_000, max_chars=1_000_000)
+    for path in ("/gz.txt", "/zlib.txt", "/raw.txt"):
+        out = await fetch(tool, pages.url(path))
+        assert "\n\ndurable durable" in out
+        assert "only its first 100,000 bytes were read" in out
+    whole = await fetch(local_fetch(max_chars=1_000_000), pages.url("/gz.txt"))
+    assert whole.count("durable") == 50_000
+    with pytest.raises(FetchError, match="corrupt"):
+        await fetch(tool, pages.url("/corrupt.txt"))
+    with pytest.raises(FetchRefused, match="unsupported content encoding"):
+        await fetch(tool, pages.url("/brotli.txt"))
 
 
 # --- private networks -------------------------------------------------------------------------
