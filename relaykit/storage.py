@@ -40,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -372,7 +373,7 @@ class StoreDriver(StorageDriver):
     NAME = "relaykit-store"
 
     def __init__(self, store: Store) -> None:
-        self.store = store
+        self.target = store
 
     def name(self) -> str:
         return self.NAME
@@ -391,8 +392,8 @@ class StoreDriver(StorageDriver):
             data = payload.SerializeToString()
             digest = hashlib.sha256(data).hexdigest()
             key = f"{run_prefix(scope)}payloads/{digest}"
-            if not await self.store.exists(key):
-                await self.store.put(key, data, encode=False)
+            if not await self.target.exists(key):
+                await self.target.put(key, data, encode=False)
             claims.append(StorageDriverClaim(claim_data={"key": key}))
         return claims
 
@@ -411,10 +412,10 @@ class StoreDriver(StorageDriver):
             or not _SHA256.match(parts[3])
         ):
             raise InvalidKey(f"invalid payload reference {key[:100]!r}")
-        data = await self.store.get(key, decode=False)
+        data = await self.target.get(key, decode=False)
         if data is None:
             raise StoreError(
-                f"offloaded payload {key} is not in the store {self.store.location}",
+                f"offloaded payload {key} is not in the store {self.target.location}",
                 hint="every worker and client must use the same RELAYKIT_STORE",
             )
         if hashlib.sha256(data).hexdigest() != parts[3]:
@@ -438,3 +439,102 @@ def with_external_storage(
         payload_size_threshold=store.offload_threshold if threshold is None else threshold,
     )
     return dataclasses.replace(converter, external_storage=storage)
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+DEFAULT_RETENTION = timedelta(days=7)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"`` or a number of seconds."""
+    text = text.strip().lower()
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    try:
+        if text and text[-1] in units:
+            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return timedelta(seconds=float(text))
+    except ValueError:
+        raise ConfigurationError(
+            f"not a duration: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
+        ) from None
+
+
+def retention_from_env() -> timedelta:
+    value = os.environ.get("RELAYKIT_STORE_RETENTION")
+    return parse_duration(value) if value else DEFAULT_RETENTION
+
+
+@dataclasses.dataclass
+class GcReport:
+    """What :func:`collect_garbage` did, one entry per root run folder."""
+
+    deleted: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Root run id → objects deleted."""
+    kept: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Root run id → why its folder stays."""
+
+
+async def collect_garbage(
+    store: Store,
+    client: Any,
+    *,
+    retention: timedelta | None = None,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> GcReport:
+    """Delete the folders of root runs that closed more than ``retention`` ago.
+
+    Temporal says whether a run is closed (and when). A run Temporal no longer knows (its
+    namespace retention removed it) counts as closed when its newest object was written; its
+    children (``<root>/<call>``) are asked too, so a detached subagent still running keeps its
+    root's folder."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    retention = retention_from_env() if retention is None else retention
+    now = now or datetime.now(timezone.utc)
+    report = GcReport()
+    for scope in await store.folders(f"{RUNS_PREFIX}/"):
+        run_id = run_id_of_scope(scope)
+        label = run_id or scope
+        closed_at: datetime | None = None
+        if run_id is not None:
+            try:
+                description = await client.get_workflow_handle(run_id).describe()
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                description = None
+            if description is not None:
+                closed_at = description.close_time
+                if closed_at is None:
+                    report.kept[label] = "running"
+                    continue
+            query = f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
+            try:
+                running_child = [w async for w in client.list_workflows(query, limit=1)]
+            except RPCError:
+                running_child = []
+            if running_child:
+                report.kept[label] = f"child run {running_child[0].id} is running"
+                continue
+        if closed_at is None:  # unknown to Temporal: the last write is when it was last used
+            closed_at = max((o.last_modified async for o in store.list(run_prefix(scope))), default=None)
+            if closed_at is None:
+                continue
+        if now - closed_at < retention:
+            report.kept[label] = f"closed {_ago(now - closed_at)} ago, retention {_ago(retention)}"
+            continue
+        if dry_run:
+            report.deleted[label] = sum([1 async for _ in store.list(run_prefix(scope))])
+        else:
+            report.deleted[label] = await store.delete_prefix(run_prefix(scope))
+    return report
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
