@@ -79,6 +79,13 @@ _ENCODED_MAGIC = b"RKC1"
 """Prefix of objects written through a codec: the rest is a serialised, encoded ``Payload``."""
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_%-][A-Za-z0-9_.%-]*\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+_URL_CONFIG = {
+    "s3": ("endpoint", "region", "virtual_hosted_style_request", "skip_signature"),
+    "gs": ("service_account_path",),
+    "az": ("use_emulator", "endpoint", "use_fabric_endpoint"),
+}
+"""Store options a URL query may set (never credentials: those come from the environment)."""
+_CLIENT_OPTIONS = ("allow_http", "allow_invalid_certificates", "timeout", "connect_timeout")
 
 
 class StoreError(RelaykitError):
@@ -205,6 +212,10 @@ class Store:
         """Where the store is, safe to print (no credentials)."""
         return _redact(self.url)
 
+    def check(self) -> None:
+        """Open the store now: raises :class:`ConfigurationError` for a URL that cannot work."""
+        self._backend()
+
     # --- backend --------------------------------------------------------------------------------
 
     def _backend(self) -> Any:
@@ -219,13 +230,24 @@ class Store:
             self._make_dir(self.directory)
             return LocalStore(str(self.directory))
         parts = urlsplit(self.url)
-        options = dict(parse_qsl(parts.query))
+        query = dict(parse_qsl(parts.query))
         base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        config = {k: v for k, v in query.items() if k in _URL_CONFIG.get(parts.scheme, ())}
+        client_options = {k: v for k, v in query.items() if k in _CLIENT_OPTIONS}
+        unknown = set(query) - set(config) - set(client_options)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown store option(s) {', '.join(sorted(unknown))} in {self.location}",
+                hint="credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*); the URL "
+                "takes " + ", ".join(sorted({*_URL_CONFIG.get(parts.scheme, ()), *_CLIENT_OPTIONS})),
+            )
         try:
             if parts.scheme == "memory":
                 return from_url("memory:///")
-            return from_url(base, **options) if options else from_url(base)
-        except Exception as exc:  # noqa: BLE001 - obstore raises its own error types
+            return from_url(base, config=config or None, client_options=client_options or None)
+        except BaseException as exc:  # noqa: BLE001 - obstore raises (and panics) its own types
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             raise ConfigurationError(
                 f"cannot open the store {self.location}: {exc}",
                 hint="set RELAYKIT_STORE to file:///dir, s3://bucket/prefix, gs://… or az://…",

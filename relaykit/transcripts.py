@@ -128,7 +128,9 @@ class TranscriptStore:
         canonical = _canonical(messages)
         digest = _digest(parent, canonical)
         key = self._key(scope, digest)
-        if f"{scope}/{digest}" not in self._cache and not await self.store.exists(key):
+        if f"{scope}/{digest}" not in self._cache and (
+            self.store.directory is None or not await self.store.exists(key)
+        ):  # a bucket's put of the same bytes is idempotent: one request instead of two
             parent_json = json.dumps(parent)
             node = f'{{"parent":{parent_json},"messages":{canonical}}}'
             await self.store.put(key, node.encode())

@@ -139,6 +139,7 @@ class Worker:
             from relaykit.models.local_server import ensure_local_server
 
             ensure_local_server()
+        self.store.check()  # a bad RELAYKIT_STORE fails here, not in every model call
         registry.register(self.task_queue, self.graph)
         self._model_activities = ModelActivities(transcripts=self.transcripts)
         activities: list[Any] = [self._model_activities.model_call, deliver_report]

@@ -114,7 +114,12 @@ class ModelActivities:
             finally:
                 publisher.close()
         if request.store_transcript:
-            response.transcript_ref = await self.transcripts.save(
-                scope, request.base_ref, [*request.messages, response.message]
-            )
+            try:
+                response.transcript_ref = await self.transcripts.save(
+                    scope, request.base_ref, [*request.messages, response.message]
+                )
+            except Exception:  # noqa: BLE001 - the paid-for answer matters more than the ref
+                # Without a new ref the run keeps its previous one and the next request carries
+                # the messages since then: more bytes, same transcript.
+                activity.logger.warning("could not store the transcript prefix", exc_info=True)
         return response
