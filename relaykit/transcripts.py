@@ -24,6 +24,7 @@ store's directory or from ``legacy_dir``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -43,6 +44,9 @@ from relaykit.storage import (
 DIGEST_CHARS = 32
 """Digests are SHA-256 cut to 128 bits: collision-safe for content addressing, and they travel
 in every turn's activity input."""
+SKIP = 32
+"""How many ancestors a node lists: a worker new to a run reads its chain in rounds of this many
+parallel reads (a 300-turn run: 10 rounds instead of 300 reads one after another)."""
 TRANSCRIPT_MISSING = "TranscriptMissing"
 """ApplicationError type a model activity raises when it cannot rebuild a prefix."""
 
@@ -99,6 +103,8 @@ class TranscriptStore:
         self._cache: OrderedDict[str, list[Message]] = OrderedDict()
         self._cache_size = cache_size
         self._static: dict[str, dict[str, object]] = {}
+        self._chains: OrderedDict[str, list[str]] = OrderedDict()
+        """Nearest ancestors of recent prefixes (what a new node lists, see :meth:`load`)."""
         # Where nodes of the old flat layout may be: the store's own directory (an old
         # transcript_dir reused as the store) and the old default directory.
         legacy = [self.store] if self.store.directory is not None else []
@@ -128,12 +134,16 @@ class TranscriptStore:
         canonical = _canonical(messages)
         digest = _digest(parent, canonical)
         key = self._key(scope, digest)
+        ancestors = [] if parent is None else [parent, *self._chains.get(f"{scope}/{parent}", [])]
+        ancestors = ancestors[:SKIP]
         if f"{scope}/{digest}" not in self._cache and (
             self.store.directory is None or not await self.store.exists(key)
         ):  # a bucket's put of the same bytes is idempotent: one request instead of two
             parent_json = json.dumps(parent)
-            node = f'{{"parent":{parent_json},"messages":{canonical}}}'
+            skip = json.dumps(ancestors[1:])
+            node = f'{{"parent":{parent_json},"ancestors":{skip},"messages":{canonical}}}'
             await self.store.put(key, node.encode())
+        self._remember_chain(f"{scope}/{digest}", ancestors)
         base = None if parent is None else self._cache.get(f"{scope}/{parent}")
         if parent is None or base is not None:
             self._remember(f"{scope}/{digest}", [*(base or []), *messages])
@@ -148,25 +158,55 @@ class TranscriptStore:
         return list(cached)
 
     async def load(self, scope: str, digest: str) -> list[Message]:
-        """The whole transcript whose prefix digest is ``digest``."""
+        """The whole transcript whose prefix digest is ``digest``.
+
+        A worker that has not seen the run (a new one after a deploy) reads the chain from the
+        store. Each node lists up to :data:`SKIP` ancestors, so the chain is read in rounds of
+        that many parallel reads rather than one read after another."""
         valid_digest(digest)
         cached = self.cached(scope, digest)
         if cached is not None:
             return cached
+        nodes: dict[str, dict] = {}
         chunks: list[list[Message]] = []
+        order: list[str] = []
         cursor: str | None = digest
         while cursor is not None:
             cursor = valid_digest(cursor)
             hit = self._cache.get(f"{scope}/{cursor}")
             if hit is not None:
                 chunks.append(hit)
+                order.extend([cursor, *self._chains.get(f"{scope}/{cursor}", [])])
                 break
-            node = await self._read_node(scope, cursor)
+            node = nodes.pop(cursor, None) or await self._read_node(scope, cursor)
             chunks.append([Message.model_validate(m) for m in node["messages"]])
-            cursor = node["parent"]
+            order.append(cursor)
+            parent = node["parent"]
+            ahead = [parent, *node.get("ancestors", [])] if parent is not None else []
+            wanted = [
+                d for d in ahead
+                if isinstance(d, str) and d not in nodes and f"{scope}/{d}" not in self._cache
+            ]
+            if len(wanted) > 1 and parent not in nodes:
+                for d in wanted:
+                    valid_digest(d)
+                read = await asyncio.gather(
+                    *(self._read_node(scope, d) for d in wanted), return_exceptions=True
+                )
+                nodes.update(
+                    (d, n) for d, n in zip(wanted, read, strict=True) if isinstance(n, dict)
+                )
+            cursor = parent
         messages = [m for chunk in reversed(chunks) for m in chunk]
         self._remember(f"{scope}/{digest}", messages)
+        self._remember_chain(f"{scope}/{digest}", order[1 : SKIP + 1])
         return list(messages)
+
+    def _remember_chain(self, key: str, ancestors: list[str]) -> None:
+        self._chains[key] = ancestors
+        self._chains.move_to_end(key)
+        while len(self._chains) > 4 * self._cache_size:
+            self._chains.popitem(last=False)
 
     async def _read_node(self, scope: str, digest: str) -> dict:
         data = await self._get(self._key(scope, digest), f"{digest[:2]}/{digest}.json")

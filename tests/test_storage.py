@@ -314,3 +314,32 @@ async def test_gc_deletes_closed_runs_after_the_retention_and_keeps_running_ones
         assert (await slow.result()).output == "slow done"
     bad = await asyncio.to_thread(relaykit_cli, "gc", "--retention", "soon", env=env)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("error: not a duration")
+
+
+async def test_a_new_worker_reads_a_long_chain_in_parallel_rounds(tmp_path: Path) -> None:
+    writer = TranscriptStore(tmp_path / "store")
+    ref = await writer.save("run", None, [Message.user("task")])
+    for i in range(100):
+        ref = await writer.save("run", ref, [Message.assistant(f"a{i}"), Message.user(f"u{i}")])
+    reads: list[str] = []
+    in_flight = [0, 0]  # now, most at once
+
+    class Counting(Store):
+        async def get(self, key: str, *, decode: bool = True) -> bytes | None:
+            reads.append(key)
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            try:
+                return await super().get(key, decode=decode)
+            finally:
+                in_flight[0] -= 1
+
+    fresh = TranscriptStore(Counting(tmp_path / "store"))
+    messages = await fresh.load("run", ref)
+    assert [m.content for m in messages] == ["task", *(x for i in range(100) for x in (f"a{i}", f"u{i}"))]
+    assert len(reads) == 101  # every node once
+    assert in_flight[1] >= 16  # in parallel rounds, not one read after another
+    # ... and a turn saved by this worker links to the same ancestors, for the next new worker.
+    newer = await fresh.save("run", ref, [Message.user("more")])
+    again = TranscriptStore(tmp_path / "store")
+    assert [m.content for m in await again.load("run", newer)][-2:] == ["u99", "more"]
