@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -39,6 +40,13 @@ AWS_ENV = {
     "AWS_REGION": "us-east-1",
 }
 
+
+
+@pytest.fixture(autouse=True)
+def no_store_left_behind(tmp_path: Path) -> Iterator[None]:
+    """Stores hold transcripts: remove each test's temporary folder when it ends."""
+    yield
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 def free_port() -> int:
     with socket.socket() as s:
