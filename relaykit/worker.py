@@ -52,8 +52,8 @@ class Worker:
 
     ``default_model`` serves agents defined without a model; it defaults to ``RELAYKIT_MODEL``.
     ``store`` is where model calls keep transcript prefixes and where payloads too large for
-    Temporal history go (a :class:`~relaykit.storage.Store` or its URL; default
-    ``RELAYKIT_STORE``, else ``transcript_dir``/``RELAYKIT_TRANSCRIPT_DIR``, else
+    Temporal history go (a :class:`~relaykit.storage.Store` or its URL; else the directory
+    ``transcript_dir``; else ``RELAYKIT_STORE``, ``RELAYKIT_TRANSCRIPT_DIR`` or
     ``.relaykit/store``). Workers serving the same runs should share it: a bucket, or a
     directory on one machine (see :mod:`relaykit.storage`). The store encodes with the client's
     payload codec, so an encrypting codec also covers what is stored.

@@ -5,7 +5,6 @@ restart of every worker without a single transcript miss."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import shutil
 import signal
@@ -13,14 +12,15 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import boto3
+import botocore.exceptions
 import pytest
-from moto.server import ThreadedMotoServer
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -55,18 +55,36 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server with an empty bucket, for this test only."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+def s3_endpoint(tmp_path: Path) -> Iterator[str]:
+    """moto's S3 server in a process of its own (its request handling then competes with
+    neither the scripted model server nor the test's client), with an empty bucket."""
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    log = open(tmp_path / "moto.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, **_boto_credentials()).create_bucket(Bucket=BUCKET)
     try:
+        s3 = boto3.client("s3", endpoint_url=endpoint, **_boto_credentials())
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                s3.create_bucket(Bucket=BUCKET)
+                break
+            except botocore.exceptions.EndpointConnectionError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)  # the server process is starting: nothing to await but its port
         yield endpoint
     finally:
-        server.stop()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
 
 
 def _boto_credentials() -> dict[str, str]:
