@@ -38,12 +38,14 @@ stored as they are.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import hashlib
 import json
 import os
 import re
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -187,7 +189,12 @@ class Store:
         threshold = offload_threshold
         if threshold is None:
             env = os.environ.get("RELAYKIT_OFFLOAD_BYTES")
-            threshold = int(env) if env else DEFAULT_OFFLOAD_THRESHOLD
+            try:
+                threshold = int(env) if env else DEFAULT_OFFLOAD_THRESHOLD
+            except ValueError:
+                raise ConfigurationError(
+                    f"RELAYKIT_OFFLOAD_BYTES must be a number of bytes, not {env!r}"
+                ) from None
         self.offload_threshold = threshold
         self.directory = _local_path(self.url)
         """The local directory of a ``file://`` store (``None`` for object stores)."""
@@ -221,6 +228,7 @@ class Store:
     def _backend(self) -> Any:
         if self._store is None:
             self._store = self._open()
+            _OPEN_STORES.add(self)
         return self._store
 
     def _open(self) -> Any:
@@ -361,6 +369,17 @@ class Store:
         if self.directory is not None:
             _remove_empty_dirs(self.directory / prefix)
         return len(keys)
+
+
+_OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+@atexit.register
+def _drop_backends() -> None:
+    """obstore's client objects abort the interpreter when they are finalised during its
+    shutdown (after their runtime's threads are gone); drop them while the process still runs."""
+    for store in list(_OPEN_STORES):
+        store._store = None
 
 
 def _remove_empty_dirs(path: Path) -> None:
