@@ -353,3 +353,26 @@ async def test_a_new_worker_reads_a_long_chain_in_parallel_rounds(tmp_path: Path
     newer = await fresh.save("run", ref, [Message.user("more")])
     again = TranscriptStore(tmp_path / "store")
     assert [m.content for m in await again.load("run", newer)][-2:] == ["u99", "more"]
+
+
+async def test_connect_and_workers_offload_to_the_configured_store_and_keep_the_codec(
+    client: Client, temporal_server: DevServer, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from relaykit import Worker, connect
+
+    store = Store(tmp_path / "store")
+    connected = await connect(temporal_server.address, namespace=temporal_server.namespace, store=store)
+    storage = connected.data_converter.external_storage
+    assert storage is not None and storage.drivers[0].target is store  # type: ignore[attr-defined]
+    codec = AesGcmCodec()
+    converter = with_external_storage(dataclasses.replace(pydantic_data_converter, payload_codec=codec), store)
+    assert converter.payload_codec is codec and converter.external_storage is not None
+    assert with_external_storage(converter, Store("memory:///")) is converter  # already has one
+    # A worker on a client without external storage adds it, with its own store and the codec.
+    encrypted = await client_with(client, data_converter=dataclasses.replace(pydantic_data_converter, payload_codec=codec))
+    worker = Worker(encrypted, Agent(name="noop", model="openai:x"), store=f"file://{tmp_path / 'other'}")
+    assert worker.store.codec is codec
+    assert worker.client.data_converter.external_storage.drivers[0].target is worker.store  # type: ignore[union-attr]
+    assert worker.client.data_converter.payload_codec is codec
