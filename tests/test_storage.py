@@ -376,3 +376,37 @@ async def test_connect_and_workers_offload_to_the_configured_store_and_keep_the_
     assert worker.store.codec is codec
     assert worker.client.data_converter.external_storage.drivers[0].target is worker.store  # type: ignore[union-attr]
     assert worker.client.data_converter.payload_codec is codec
+
+
+async def test_gc_keeps_a_closed_root_while_one_of_its_child_runs_still_runs(
+    client: Client, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    from datetime import timedelta
+
+    from relaykit.storage import collect_garbage
+
+    model = scripted_model(model_server)
+    gate = threading.Event()
+    model_server.respond(
+        model.name, lambda r: text("late", hold=gate) if "late" in r.last_user_text else text("root done")
+    )
+    agent = Agent(name="rooted", model=model)
+    store = Store(tmp_path / "store")
+    async with serving(client, agent, store=store) as worker:
+        root = await start_run(client, agent, "root", task_queue=worker.task_queue)
+        await root.result()
+        # A detached child (named <root>/<call>, like a background subagent) outlives its root.
+        child = await start_run(client, agent, "late", task_queue=worker.task_queue, id=f"{root.id}/late")
+        await asyncio.to_thread(model_server.wait_for_requests, model.name, 2)
+        kept = await collect_garbage(store, client, retention=timedelta(0))
+        assert kept.kept[root.id] == f"child run {child.id} is running"
+        assert not kept.deleted
+        gate.set()
+        assert (await child.result()).output == "late"
+        for _ in range(50):  # the visibility store learns of the child's end a moment later
+            gone = await collect_garbage(store, client, retention=timedelta(0))
+            if root.id in gone.deleted:
+                break
+            await asyncio.sleep(0.2)
+        assert root.id in gone.deleted
+    assert not [o async for o in store.list("runs/")]
