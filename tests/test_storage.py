@@ -72,7 +72,7 @@ def stored_files(directory: Path) -> list[Path]:
 
 
 async def client_with(client: Client, **converter: object) -> Client:
-    """The session client with another data converter."""
+    """The shared test client with another data converter."""
     config = client.config()
     config["data_converter"] = converter["data_converter"]
     return Client(**config)
