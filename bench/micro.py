@@ -119,13 +119,18 @@ def main() -> None:
         try:
             store = TranscriptStore(directory)
             messages = transcript(1)
-            ref = [store.save(None, messages[:1])]
+            loop = asyncio.new_event_loop()
+            ref = [loop.run_until_complete(store.save("bench", None, messages[:1]))]
 
             def save() -> None:
-                ref[0] = store.save(ref[0], messages[1:])
+                ref[0] = loop.run_until_complete(store.save("bench", ref[0], messages[1:]))
+
+            def load() -> None:
+                loop.run_until_complete(store.load("bench", ref[0]))
 
             rows.append(("TranscriptStore.save of one turn (2 messages)", f"{best_us(save):.0f} µs"))
-            rows.append(("TranscriptStore.load, cache hit", f"{best_us(lambda: store.load(ref[0])):.0f} µs"))
+            rows.append(("TranscriptStore.load, cache hit", f"{best_us(load):.0f} µs"))
+            loop.close()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

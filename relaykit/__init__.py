@@ -27,6 +27,7 @@ from relaykit.runs import (
     RunSnapshot,
     RunStatus,
 )
+from relaykit.storage import Store, StoreDriver, with_external_storage
 from relaykit.streaming import StreamCursor, StreamEvent
 from relaykit.subagents import Subagents
 from relaykit.tools import Tool, ToolContext, tool
@@ -60,6 +61,8 @@ __all__ = [
     "RunResult",
     "RunSnapshot",
     "RunStatus",
+    "Store",
+    "StoreDriver",
     "StreamCursor",
     "StreamEvent",
     "Subagents",
@@ -77,4 +80,5 @@ __all__ = [
     "run_agent",
     "start_run",
     "tool",
+    "with_external_storage",
 ]

@@ -379,6 +379,34 @@ async def runs(
 
 
 @app.command()
+@command
+async def gc(
+    retention: Annotated[
+        str | None,
+        typer.Option("--retention", help="Keep runs closed less than this long (default RELAYKIT_STORE_RETENTION or 7d)"),
+    ] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store URL (default RELAYKIT_STORE)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be deleted")] = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Delete stored transcripts and payloads of runs that closed longer ago than the retention."""
+    from relaykit.storage import Store, collect_garbage, parse_duration
+
+    target = Store(store)
+    client = await _client(address, namespace)
+    report = await collect_garbage(
+        target, client, retention=parse_duration(retention) if retention else None, dry_run=dry_run
+    )
+    verb = "would delete" if dry_run else "deleted"
+    for run_id, count in sorted(report.deleted.items()):
+        print(f"{verb} {run_id}: {count} objects")
+    for run_id, why in sorted(report.kept.items()):
+        print(f"kept {run_id}: {why}")
+    print(f"{target.location}: {verb} {len(report.deleted)} runs, kept {len(report.kept)}")
+
+
+@app.command()
 def dev(
     target: Annotated[
         str, typer.Argument(help="MODULE[:ATTR] whose agents the worker serves")

@@ -28,6 +28,7 @@ from relaykit.runs import (
     RunResult,
     RunSnapshot,
 )
+from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_POLL_INTERVAL, StreamCursor, StreamEvent, stream_run
 from relaykit.tracing import has_tracing_interceptor, temporal_interceptor, tracing_enabled
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
@@ -42,6 +43,7 @@ async def connect(
     profile: str | None = None,
     tracing: bool | None = None,
     tracer: Any = None,
+    store: Store | str | None = None,
     **options: Any,
 ) -> Client:
     """Connect with Temporal's environment configuration (``TEMPORAL_ADDRESS``,
@@ -50,7 +52,10 @@ async def connect(
 
     ``tracing`` (default: ``RELAYKIT_TRACING``) adds Temporal's OpenTelemetry interceptor, so a
     run started with this client is one trace rooted at its ``StartWorkflow`` span (see
-    :mod:`relaykit.tracing`); workers built on this client trace too."""
+    :mod:`relaykit.tracing`); workers built on this client trace too.
+
+    Payloads too large for Temporal history are kept in ``store`` (default ``RELAYKIT_STORE``;
+    see :mod:`relaykit.storage`), the same store workers use."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if target:
         config["target_host"] = target
@@ -59,6 +64,9 @@ async def connect(
         config["namespace"] = namespace
     config.update(options)
     config["data_converter"] = pydantic_data_converter
+    config["data_converter"] = with_external_storage(
+        config["data_converter"], store if isinstance(store, Store) else Store(store)
+    )
     if tracing_enabled(tracing):
         interceptors = list(config.get("interceptors") or ())
         if not has_tracing_interceptor(interceptors):

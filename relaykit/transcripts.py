@@ -9,15 +9,22 @@ longer grow with the transcript.
 
 The store is a chain of nodes ``digest → (parent digest, messages)``; a digest is the SHA-256 of
 the parent digest and the canonical JSON of the messages, so equal prefixes share nodes and the
-chain doubles as an audit log of everything the model was sent. Nodes live in a directory
-(default ``.relaykit/transcripts``; ``RELAYKIT_TRANSCRIPT_DIR``) that every worker running model
-activities for a run should share (a network volume, or a synced bucket). A worker that cannot
-find a prefix answers ``TranscriptMissing`` and the run resends the transcript inline: a missing
-store costs bytes, never correctness.
+chain doubles as an audit log of everything the model was sent. Nodes live in the configured
+:class:`~relaykit.storage.Store` (``RELAYKIT_STORE``: a local directory or a bucket every model
+worker reaches), under the run's root run (``runs/<root>/t/…``, request parts under
+``runs/<root>/static/…``), so a finished job's nodes are deleted together
+(``relaykit gc``). A worker that cannot find a prefix answers ``TranscriptMissing`` and the run
+resends the transcript inline: a missing store costs bytes, never correctness. Digests are
+checked to be 32 hex digits before they become keys; anything else is "missing" too.
+
+Runs started before the store was keyed by run keep working: nodes written in the old flat
+layout (``<dir>/<ab>/<digest>.json``, ``<dir>/static/<digest>.json``) are still read from the
+store's directory or from ``legacy_dir``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -25,11 +32,21 @@ from collections import OrderedDict
 from pathlib import Path
 
 from relaykit.messages import Message
+from relaykit.storage import (
+    LEGACY_TRANSCRIPT_DIR,
+    InvalidKey,
+    Store,
+    StoreError,
+    check_hex,
+    run_prefix,
+)
 
-DEFAULT_DIR = Path(".relaykit") / "transcripts"
 DIGEST_CHARS = 32
 """Digests are SHA-256 cut to 128 bits: collision-safe for content addressing, and they travel
 in every turn's activity input."""
+SKIP = 32
+"""How many ancestors a node lists: a worker new to a run reads its chain in rounds of this many
+parallel reads (a 300-turn run: 10 rounds instead of 300 reads one after another)."""
 TRANSCRIPT_MISSING = "TranscriptMissing"
 """ApplicationError type a model activity raises when it cannot rebuild a prefix."""
 
@@ -61,87 +78,186 @@ def _digest(parent: str | None, canonical: str) -> str:
     return hasher.hexdigest()[:DIGEST_CHARS]
 
 
-class TranscriptStore:
-    """A directory of chain nodes, with a small in-memory cache of whole transcripts."""
+def valid_digest(digest: object) -> str:
+    """``digest`` if it can be a key; else :class:`TranscriptNotFound` (the caller resends)."""
+    try:
+        return check_hex(digest, DIGEST_CHARS)
+    except InvalidKey:
+        raise TranscriptNotFound(str(digest)[:40]) from None
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, *, cache_size: int = 64):
-        self.directory = Path(directory or os.environ.get("RELAYKIT_TRANSCRIPT_DIR") or DEFAULT_DIR)
+
+class TranscriptStore:
+    """Chain nodes in a :class:`Store`, with a small in-memory cache of whole transcripts.
+
+    ``store`` is a Store, a URL or a directory (default: ``RELAYKIT_STORE``). Methods take the
+    ``scope`` of the run (:func:`relaykit.storage.scope_for` of its workflow id)."""
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str] | None = None,
+        *,
+        cache_size: int = 64,
+        legacy_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.store = store if isinstance(store, Store) else Store(store)
         self._cache: OrderedDict[str, list[Message]] = OrderedDict()
         self._cache_size = cache_size
         self._static: dict[str, dict[str, object]] = {}
+        self._chains: OrderedDict[str, list[str]] = OrderedDict()
+        """Nearest ancestors of recent prefixes (what a new node lists, see :meth:`load`)."""
+        # Where nodes of the old flat layout may be: the store's own directory (an old
+        # transcript_dir reused as the store) and the old default directory.
+        legacy = [self.store] if self.store.directory is not None else []
+        old_dir = legacy_dir or os.environ.get("RELAYKIT_TRANSCRIPT_DIR") or LEGACY_TRANSCRIPT_DIR
+        if Path(old_dir).resolve() != self.store.directory and Path(old_dir).is_dir():
+            legacy.append(Store(Path(old_dir), codec=self.store.codec))
+        self._legacy = legacy
 
-    def _path(self, digest: str) -> Path:
-        return self.directory / digest[:2] / f"{digest}.json"
+    @property
+    def directory(self) -> Path | None:
+        return self.store.directory
 
-    def save(self, parent: str | None, messages: list[Message]) -> str:
+    @property
+    def location(self) -> str:
+        return self.store.location
+
+    def _key(self, scope: str, digest: str) -> str:
+        return f"{run_prefix(scope)}t/{digest[:2]}/{digest}"
+
+    def _static_key(self, scope: str, digest: str) -> str:
+        return f"{run_prefix(scope)}static/{digest}"
+
+    async def save(self, scope: str, parent: str | None, messages: list[Message]) -> str:
         """Store ``messages`` after the prefix ``parent``; return the new prefix's digest."""
+        if parent is not None:
+            valid_digest(parent)
         canonical = _canonical(messages)
         digest = _digest(parent, canonical)
-        path = self._path(digest)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        key = self._key(scope, digest)
+        ancestors = [] if parent is None else [parent, *self._chains.get(f"{scope}/{parent}", [])]
+        ancestors = ancestors[:SKIP]
+        if f"{scope}/{digest}" not in self._cache and (
+            self.store.directory is None or not await self.store.exists(key)
+        ):  # a bucket's put of the same bytes is idempotent: one request instead of two
             parent_json = json.dumps(parent)
-            tmp.write_text(f'{{"parent":{parent_json},"messages":{canonical}}}', encoding="utf-8")
-            os.replace(tmp, path)  # atomic: readers never see half a node
-        if parent is None or parent in self._cache:
-            base = self._cache.get(parent, []) if parent else []
-            self._remember(digest, [*base, *messages])
+            skip = json.dumps(ancestors[1:])
+            node = f'{{"parent":{parent_json},"ancestors":{skip},"messages":{canonical}}}'
+            await self.store.put(key, node.encode())
+        self._remember_chain(f"{scope}/{digest}", ancestors)
+        base = None if parent is None else self._cache.get(f"{scope}/{parent}")
+        if parent is None or base is not None:
+            self._remember(f"{scope}/{digest}", [*(base or []), *messages])
         return digest
 
-    def cached(self, digest: str) -> list[Message] | None:
-        """The transcript ``digest`` if it is in memory (no file access)."""
-        cached = self._cache.get(digest)
+    def cached(self, scope: str, digest: str) -> list[Message] | None:
+        """The transcript ``digest`` if it is in memory (no store access)."""
+        cached = self._cache.get(f"{scope}/{digest}")
         if cached is None:
             return None
-        self._cache.move_to_end(digest)
+        self._cache.move_to_end(f"{scope}/{digest}")
         return list(cached)
 
-    def load(self, digest: str) -> list[Message]:
-        """The whole transcript whose prefix digest is ``digest``."""
-        cached = self._cache.get(digest)
-        if cached is not None:
-            self._cache.move_to_end(digest)
-            return list(cached)
-        chunks: list[list[Message]] = []
-        cursor: str | None = digest
-        while cursor is not None:
-            if cursor in self._cache:
-                chunks.append(self._cache[cursor])
-                break
-            try:
-                node = json.loads(self._path(cursor).read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                raise TranscriptNotFound(cursor) from None
-            chunks.append([Message.model_validate(m) for m in node["messages"]])
-            cursor = node["parent"]
-        messages = [m for chunk in reversed(chunks) for m in chunk]
-        self._remember(digest, messages)
-        return list(messages)
+    async def load(self, scope: str, digest: str) -> list[Message]:
+        """The whole transcript whose prefix digest is ``digest``.
 
-    def save_static(self, digest: str, part: dict[str, object]) -> None:
-        """Store a request's unchanging part under the digest the workflow computed."""
-        path = self.directory / "static" / f"{digest}.json"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(part), encoding="utf-8")
-            os.replace(tmp, path)
-        self._static[digest] = part
-
-    def load_static(self, digest: str) -> dict[str, object]:
-        cached = self._static.get(digest)
+        A worker that has not seen the run (a new one after a deploy) reads the chain from the
+        store. Each node lists up to :data:`SKIP` ancestors, so the chain is read in rounds of
+        that many parallel reads rather than one read after another."""
+        valid_digest(digest)
+        cached = self.cached(scope, digest)
         if cached is not None:
             return cached
+        nodes: dict[str, dict] = {}
+        chunks: list[list[Message]] = []
+        order: list[str] = []
+        cursor: str | None = digest
+        while cursor is not None:
+            cursor = valid_digest(cursor)
+            hit = self._cache.get(f"{scope}/{cursor}")
+            if hit is not None:
+                chunks.append(hit)
+                order.extend([cursor, *self._chains.get(f"{scope}/{cursor}", [])])
+                break
+            node = nodes.pop(cursor, None) or await self._read_node(scope, cursor)
+            chunks.append([Message.model_validate(m) for m in node["messages"]])
+            order.append(cursor)
+            parent = node["parent"]
+            ahead = [parent, *node.get("ancestors", [])] if parent is not None else []
+            wanted = [
+                d for d in ahead
+                if isinstance(d, str) and d not in nodes and f"{scope}/{d}" not in self._cache
+            ]
+            if len(wanted) > 1 and parent not in nodes:
+                for d in wanted:
+                    valid_digest(d)
+                read = await asyncio.gather(
+                    *(self._read_node(scope, d) for d in wanted), return_exceptions=True
+                )
+                nodes.update(
+                    (d, n) for d, n in zip(wanted, read, strict=True) if isinstance(n, dict)
+                )
+            cursor = parent
+        messages = [m for chunk in reversed(chunks) for m in chunk]
+        self._remember(f"{scope}/{digest}", messages)
+        self._remember_chain(f"{scope}/{digest}", order[1 : SKIP + 1])
+        return list(messages)
+
+    def _remember_chain(self, key: str, ancestors: list[str]) -> None:
+        self._chains[key] = ancestors
+        self._chains.move_to_end(key)
+        while len(self._chains) > 4 * self._cache_size:
+            self._chains.popitem(last=False)
+
+    async def _read_node(self, scope: str, digest: str) -> dict:
+        data = await self._get(self._key(scope, digest), f"{digest[:2]}/{digest}.json")
+        if data is None:
+            raise TranscriptNotFound(digest)
         try:
-            part = json.loads((self.directory / "static" / f"{digest}.json").read_text("utf-8"))
-        except FileNotFoundError:
+            node = json.loads(data)
+            if not isinstance(node, dict) or not isinstance(node.get("messages"), list):
+                raise ValueError("not a transcript node")
+        except ValueError:
             raise TranscriptNotFound(digest) from None
-        self._static[digest] = part
+        return node
+
+    async def _get(self, key: str, legacy_key: str) -> bytes | None:
+        try:
+            data = await self.store.get(key)
+            for legacy in self._legacy if data is None else ():
+                data = await legacy.get(legacy_key)
+                if data is not None:
+                    break
+        except StoreError:  # e.g. written with a codec this worker lacks: resend inline
+            return None
+        return data
+
+    async def save_static(self, scope: str, digest: str, part: dict[str, object]) -> None:
+        """Store a request's unchanging part under the digest the workflow computed."""
+        valid_digest(digest)
+        key = self._static_key(scope, digest)
+        if not await self.store.exists(key):
+            await self.store.put(key, json.dumps(part).encode())
+        self._static[f"{scope}/{digest}"] = part
+
+    async def load_static(self, scope: str, digest: str) -> dict[str, object]:
+        valid_digest(digest)
+        cached = self._static.get(f"{scope}/{digest}")
+        if cached is not None:
+            return cached
+        data = await self._get(self._static_key(scope, digest), f"static/{digest}.json")
+        if data is None:
+            raise TranscriptNotFound(digest)
+        try:
+            part = json.loads(data)
+        except ValueError:
+            raise TranscriptNotFound(digest) from None
+        if not isinstance(part, dict):
+            raise TranscriptNotFound(digest)
+        self._static[f"{scope}/{digest}"] = part
         return part
 
-    def _remember(self, digest: str, messages: list[Message]) -> None:
-        self._cache[digest] = messages
-        self._cache.move_to_end(digest)
+    def _remember(self, key: str, messages: list[Message]) -> None:
+        self._cache[key] = messages
+        self._cache.move_to_end(key)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

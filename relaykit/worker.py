@@ -24,6 +24,7 @@ from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.search_attributes import ALL as RELAY_SEARCH_ATTRIBUTES
+from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
 from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors
 from relaykit.transcripts import TranscriptStore
@@ -50,9 +51,12 @@ class Worker:
     """Serve ``agents`` (and every agent they reach) on ``task_queue``.
 
     ``default_model`` serves agents defined without a model; it defaults to ``RELAYKIT_MODEL``.
-    ``transcript_dir`` is where model calls keep transcript prefixes (default
-    ``RELAYKIT_TRANSCRIPT_DIR`` or ``.relaykit/transcripts``); workers serving the same runs should
-    share it (see :mod:`relaykit.transcripts`).
+    ``store`` is where model calls keep transcript prefixes and where payloads too large for
+    Temporal history go (a :class:`~relaykit.storage.Store` or its URL; else the directory
+    ``transcript_dir``; else ``RELAYKIT_STORE``, ``RELAYKIT_TRANSCRIPT_DIR`` or
+    ``.relaykit/store``). Workers serving the same runs should share it: a bucket, or a
+    directory on one machine (see :mod:`relaykit.storage`). The store encodes with the client's
+    payload codec, so an encrypting codec also covers what is stored.
     Extra ``workflows``/``activities`` let you run your own workflows (which may call
     :func:`relaykit.run_agent`) on the same worker.
 
@@ -74,6 +78,7 @@ class Worker:
         activities: Sequence[Any] = (),
         search_attributes: bool | None = None,
         transcript_dir: str | os.PathLike[str] | None = None,
+        store: Store | str | None = None,
         event_groups: bool = False,
         tracing: bool | None = None,
         tracer: Any = None,
@@ -83,6 +88,16 @@ class Worker:
         roots = [agents] if isinstance(agents, Agent) else list(agents)
         model = parse_model(default_model) if default_model else default_model_from_env()
         self.graph = AgentGraph.build(roots, default_model=model)
+        codec = client.data_converter.payload_codec
+        if isinstance(store, Store):
+            self.store = store.with_codec(codec) if store.codec is None else store
+        else:
+            self.store = Store(store or transcript_dir, codec=codec)
+        if client.data_converter.external_storage is None:
+            # Large payloads go to the store instead of failing at Temporal's 2 MB limit.
+            config = client.config()
+            config["data_converter"] = with_external_storage(client.data_converter, self.store)
+            client = Client(**config)
         self.client = client
         self.task_queue = task_queue
         self._workflows = list(workflows)
@@ -91,7 +106,7 @@ class Worker:
         self._tracing = tracing_enabled(tracing)
         self._tracer = tracer
         self._delta_interval = delta_interval
-        self.transcripts = TranscriptStore(transcript_dir)
+        self.transcripts = TranscriptStore(self.store)
         self.graph.event_groups = event_groups
         self._options = worker_options
         self._model_activities: ModelActivities | None = None
@@ -124,6 +139,7 @@ class Worker:
             from relaykit.models.local_server import ensure_local_server
 
             ensure_local_server()
+        self.store.check()  # a bad RELAYKIT_STORE fails here, not in every model call
         registry.register(self.task_queue, self.graph)
         self._model_activities = ModelActivities(transcripts=self.transcripts)
         activities: list[Any] = [self._model_activities.model_call, deliver_report]

@@ -24,7 +24,11 @@ def transcript_dir() -> str:
     on first use: test modules are also imported inside the workflow sandbox, which forbids
     file-system calls at import time."""
     if not _transcript_dir:
+        import atexit
+        import shutil
+
         _transcript_dir.append(tempfile.mkdtemp(prefix="relaykit-test-transcripts-"))
+        atexit.register(shutil.rmtree, _transcript_dir[0], ignore_errors=True)  # leave no store
     return _transcript_dir[0]
 
 

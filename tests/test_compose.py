@@ -69,7 +69,7 @@ def test_every_image_is_pinned_to_a_version(services: dict[str, Any]) -> None:
     for where, image in images.items():
         tag = image_tag(image)
         assert tag and tag != "latest", f"{where}: {image} is not pinned"
-        assert VERSION_TAG.match(tag), f"{where}: {image} is pinned to no version"
+        assert VERSION_TAG.match(tag) or MINIO_RELEASE_TAG.match(tag), f"{where}: {image} is pinned to no version"
 
 
 def test_server_and_admin_tools_versions_match(services: dict[str, Any]) -> None:
@@ -134,3 +134,39 @@ def test_ui_and_worker_point_at_temporal(services: dict[str, Any]) -> None:
     worker = services["worker"]
     assert environment(worker)["TEMPORAL_ADDRESS"] == "temporal:7233"
     assert worker.get("profiles"), "the worker must not start without --profile"
+
+
+MINIO_RELEASE_TAG = re.compile(r"^RELEASE\.\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z$")
+
+
+def test_minio_images_are_pinned_to_a_release(services: dict[str, Any]) -> None:
+    for name in ("minio", "minio-setup"):
+        assert MINIO_RELEASE_TAG.match(image_tag(services[name]["image"])), name
+
+
+def test_minio_serves_s3_on_loopback_with_a_private_bucket(services: dict[str, Any]) -> None:
+    minio = services["minio"]
+    assert "127.0.0.1:9000:9000" in minio["ports"]
+    assert all(str(p).startswith("127.0.0.1:") for p in minio["ports"])
+    assert minio["healthcheck"]["test"]
+    setup = services["minio-setup"]
+    assert setup["depends_on"]["minio"]["condition"] == "service_healthy"
+    script = "\n".join(setup["command"])
+    assert "mc mb --ignore-existing" in script
+    assert "mc anonymous set none" in script
+    assert "mc ilm rule add" in script
+    assert int(environment(setup)["RELAYKIT_EXPIRE_DAYS"]) > 30  # above the namespace retention
+
+
+def test_worker_stores_in_minio(services: dict[str, Any]) -> None:
+    worker = services["worker"]
+    env = environment(worker)
+    assert env["RELAYKIT_STORE"].startswith("s3://")
+    bucket = env["RELAYKIT_STORE"].removeprefix("s3://").split("/", 1)[0]
+    assert bucket == environment(services["minio-setup"])["RELAYKIT_BUCKET"]
+    assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    assert env["AWS_ALLOW_HTTP"] == "true"
+    assert env["AWS_ACCESS_KEY_ID"] == environment(services["minio"])["MINIO_ROOT_USER"]
+    assert env["AWS_SECRET_ACCESS_KEY"] == environment(services["minio"])["MINIO_ROOT_PASSWORD"]
+    assert worker["depends_on"]["minio-setup"]["condition"] == "service_completed_successfully"
+    assert set(services["minio"]["profiles"]) >= set(worker["profiles"])

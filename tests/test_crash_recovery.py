@@ -77,6 +77,7 @@ class CrashRig:
             CRASH_MODEL_NAME=self.model,
             CRASH_TOOL_LOG=str(self.tool_log),
             CRASH_RELEASE_FILE=str(self.release_file),
+            RELAYKIT_STORE=(self.tmp / "store").as_uri(),  # not the repository's .relaykit/
             PYTHONUNBUFFERED="1",
         )
         return env

@@ -53,15 +53,15 @@ async def _bytes_per_model_turn(client: Client, workflow_id: str, run_id: str) -
     return sizes[:-1]  # the last turn has no successor to close it
 
 
-def test_transcript_store_rebuilds_prefixes_from_chained_nodes(tmp_path: Path) -> None:
+async def test_transcript_store_rebuilds_prefixes_from_chained_nodes(tmp_path: Path) -> None:
     store = TranscriptStore(tmp_path)
-    first = store.save(None, [Message.user("task"), Message.assistant("a")])
-    second = store.save(first, [Message.user("more")])
+    first = await store.save("run-1", None, [Message.user("task"), Message.assistant("a")])
+    second = await store.save("run-1", first, [Message.user("more")])
     fresh = TranscriptStore(tmp_path)  # another worker sharing the directory
-    assert [m.content for m in fresh.load(second)] == ["task", "a", "more"]
-    assert store.save(None, [Message.user("task"), Message.assistant("a")]) == first
+    assert [m.content for m in await fresh.load("run-1", second)] == ["task", "a", "more"]
+    assert await store.save("run-1", None, [Message.user("task"), Message.assistant("a")]) == first
     try:
-        TranscriptStore(tmp_path / "elsewhere").load(second)
+        await TranscriptStore(tmp_path / "elsewhere").load("run-1", second)
     except TranscriptNotFound:
         pass
     else:

@@ -9,7 +9,6 @@ transcript usually arrives as a reference plus the newest messages (see
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
@@ -20,6 +19,7 @@ from relaykit.messages import ModelResponse
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
 from relaykit.streaming import DeltaPublisher
+from relaykit.storage import scope_for
 from relaykit.transcripts import TRANSCRIPT_MISSING, TranscriptNotFound, TranscriptStore
 from relaykit.workflows.loop import MODEL_ACTIVITY
 
@@ -41,32 +41,31 @@ class ModelActivities:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def _full_request(self, request: ModelRequest) -> ModelRequest:
-        request = await self._with_static_part(request)
+    async def _full_request(self, request: ModelRequest, scope: str) -> ModelRequest:
+        request = await self._with_static_part(request, scope)
         if request.base_ref is None:
             return request
         try:
-            prefix = self.transcripts.cached(request.base_ref)
-            if prefix is None:  # files are read off the event loop
-                prefix = await asyncio.to_thread(self.transcripts.load, request.base_ref)
+            prefix = await self.transcripts.load(scope, request.base_ref)
         except TranscriptNotFound:
             prefix = None
         if prefix is None or len(prefix) != request.base_count:
             raise ApplicationError(
-                f"transcript prefix {request.base_ref[:12]}… is not in this worker's transcript "
-                f"store ({self.transcripts.directory})",
+                f"transcript prefix {request.base_ref[:12]!r} is not in this worker's transcript "
+                f"store ({self.transcripts.location})",
                 type=TRANSCRIPT_MISSING,
                 non_retryable=True,
             )
         return request.model_copy(update={"messages": [*prefix, *request.messages], "base_ref": None})
 
-    async def _with_static_part(self, request: ModelRequest) -> ModelRequest:
+    async def _with_static_part(self, request: ModelRequest, scope: str) -> ModelRequest:
         if request.static_ref is None:
             return request
         if request.store_static:
-            await asyncio.to_thread(
-                self.transcripts.save_static, request.static_ref, request.static_part()
-            )
+            try:
+                await self.transcripts.save_static(scope, request.static_ref, request.static_part())
+            except TranscriptNotFound:  # not a digest: send the part, store nothing
+                return request.model_copy(update={"static_ref": None, "store_static": False})
             self._remember_statics(
                 request.static_ref,
                 {"system": request.system, "tools": request.tools,
@@ -76,11 +75,11 @@ class ModelActivities:
         statics = self._statics.get(request.static_ref)
         if statics is None:
             try:
-                part = await asyncio.to_thread(self.transcripts.load_static, request.static_ref)
+                part = await self.transcripts.load_static(scope, request.static_ref)
             except TranscriptNotFound:
                 raise ApplicationError(
-                    f"request part {request.static_ref[:12]}… is not in this worker's "
-                    f"transcript store ({self.transcripts.directory})",
+                    f"request part {request.static_ref[:12]!r} is not in this worker's "
+                    f"transcript store ({self.transcripts.location})",
                     type=TRANSCRIPT_MISSING,
                     non_retryable=True,
                 ) from None
@@ -99,7 +98,8 @@ class ModelActivities:
 
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:
-        full = await self._full_request(request)
+        scope = scope_for(activity.info().workflow_id)
+        full = await self._full_request(request, scope)
         # Heartbeats let Temporal notice a dead worker long before the call's timeout. A
         # streaming call's heartbeats also carry the text written so far, which clients watching
         # the run read from the server (relaykit.streaming); they never enter history.
@@ -114,7 +114,12 @@ class ModelActivities:
             finally:
                 publisher.close()
         if request.store_transcript:
-            response.transcript_ref = await asyncio.to_thread(
-                self.transcripts.save, request.base_ref, [*request.messages, response.message]
-            )
+            try:
+                response.transcript_ref = await self.transcripts.save(
+                    scope, request.base_ref, [*request.messages, response.message]
+                )
+            except Exception:  # noqa: BLE001 - the paid-for answer matters more than the ref
+                # Without a new ref the run keeps its previous one and the next request carries
+                # the messages since then: more bytes, same transcript.
+                activity.logger.warning("could not store the transcript prefix", exc_info=True)
         return response

@@ -1,0 +1,581 @@
+"""One storage layer for everything relaykit keeps outside Temporal history, configured by a URL.
+
+Two things live there: transcript chain nodes and request parts (:mod:`relaykit.transcripts`),
+and payloads too large for Temporal history (its external payload storage, through
+:class:`StoreDriver`). Both use the same store, so a deployment configures one place::
+
+    RELAYKIT_STORE=file:///var/lib/relaykit     # a private local directory
+    RELAYKIT_STORE=s3://bucket/prefix           # S3 or any S3-compatible server (MinIO, ...)
+    RELAYKIT_STORE=gs://bucket/prefix           # Google Cloud Storage
+    RELAYKIT_STORE=az://account/container/path  # Azure Blob Storage
+    RELAYKIT_STORE=memory:///                   # one process only (tests)
+
+The default is ``.relaykit/store`` (or ``RELAYKIT_TRANSCRIPT_DIR`` / ``Worker(transcript_dir=)``
+when set, for setups from before this layer). Object stores take their options from the
+standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
+``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``; ``AZURE_*``) or from the URL's query
+(``s3://bucket/prefix?endpoint=http://minio:9000&region=us-east-1&allow_http=true``).
+
+Why obstore (and not the S3/GCS drivers in ``temporalio.contrib``): transcripts need more than
+payload offloading (listing and deleting a run's objects, small reads on every turn), and we
+want one async API over local files, S3, GCS and Azure rather than one client library per cloud
+plus our own local-file code. obstore is a thin binding of the Rust ``object_store`` crate (the
+one Arrow, DataFusion and Polars use): async, no boto dependency at runtime, and its
+credentials follow each cloud's standard environment. ``StoreDriver`` is our own small
+Temporal ``StorageDriver`` on top of it.
+
+Layout: everything a run writes is under ``runs/<root run id>/`` (child runs share their root's
+folder), so one prefix holds a whole job and ``relaykit gc`` (or a bucket lifecycle rule) can
+delete it when the job is over. Keys are built only from validated parts: digests must be
+fixed-length lowercase hex, run ids are percent-encoded into one path segment.
+
+With a payload codec (``codec=``, normally the client's), every object is written as a
+codec-encoded Temporal ``Payload``: with an encrypting codec no plaintext reaches a disk or a
+bucket. Payloads offloaded by Temporal arrive already encoded by the data converter and are
+stored as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+
+import obstore
+from obstore.store import from_url
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import (
+    DataConverter,
+    ExternalStorage,
+    PayloadCodec,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+    StorageDriverStoreContext,
+    StorageDriverWorkflowInfo,
+)
+
+from relaykit.errors import ConfigurationError, RelaykitError
+
+DEFAULT_STORE_DIR = Path(".relaykit") / "store"
+LEGACY_TRANSCRIPT_DIR = Path(".relaykit") / "transcripts"
+DEFAULT_OFFLOAD_THRESHOLD = 512 * 1024
+"""Payloads at least this large go to the store (Temporal rejects blobs above 2 MB and warns
+above 512 KB; several payloads of one event share that limit)."""
+RUNS_PREFIX = "runs"
+NO_RUN_SCOPE = "_"
+"""Scope of writes made outside any workflow (e.g. a standalone activity)."""
+
+_ENCODED_MAGIC = b"RKC1"
+"""Prefix of objects written through a codec: the rest is a serialised, encoded ``Payload``."""
+_KEY_SEGMENT = re.compile(r"[A-Za-z0-9_%-][A-Za-z0-9_.%-]*\Z")
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+_URL_CONFIG = {
+    "s3": ("endpoint", "region", "virtual_hosted_style_request", "skip_signature"),
+    "gs": ("service_account_path",),
+    "az": ("use_emulator", "endpoint", "use_fabric_endpoint"),
+}
+"""Store options a URL query may set (never credentials: those come from the environment)."""
+_CLIENT_OPTIONS = ("allow_http", "allow_invalid_certificates", "timeout", "connect_timeout")
+
+
+class StoreError(RelaykitError):
+    """The store cannot be used as configured, or an object in it cannot be read."""
+
+
+class InvalidKey(StoreError, ValueError):
+    """A digest or key that would not stay inside the store (never turned into a path)."""
+
+
+def check_hex(value: object, length: int) -> str:
+    """``value`` if it is exactly ``length`` lowercase hex digits; else :class:`InvalidKey`.
+
+    Digests arrive in activity inputs that anyone allowed to start a workflow can write, so a
+    digest is checked before it becomes part of a key."""
+    if not isinstance(value, str) or len(value) != length or not all(
+        c in "0123456789abcdef" for c in value
+    ):
+        raise InvalidKey(f"not a {length}-digit hex digest: {str(value)[:40]!r}")
+    return value
+
+
+def root_run_id(workflow_id: str) -> str:
+    """The root run of ``workflow_id``: relaykit names child runs ``<parent id>/<call id>``, so
+    the root's id is what comes before the first ``/``."""
+    return workflow_id.split("/", 1)[0]
+
+
+def scope_for(workflow_id: str | None) -> str:
+    """The key segment of a run's folder: its root run id, percent-encoded (dots too, so no
+    id can become ``..``)."""
+    if not workflow_id:
+        return NO_RUN_SCOPE
+    root = root_run_id(workflow_id)
+    if not root:
+        return NO_RUN_SCOPE
+    return quote(root, safe="-_").replace(".", "%2E").replace("~", "%7E")
+
+
+def run_id_of_scope(scope: str) -> str | None:
+    """The root run id a scope folder belongs to (``None`` for :data:`NO_RUN_SCOPE`)."""
+    return None if scope == NO_RUN_SCOPE else unquote(scope)
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not parts or not all(_KEY_SEGMENT.match(p) for p in parts):
+        raise InvalidKey(f"invalid store key {key[:80]!r}")
+    return key
+
+
+def _redact(url: str) -> str:
+    """``url`` without credentials or query (it appears in errors and logs)."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _local_path(url: str) -> Path | None:
+    parts = urlsplit(url)
+    if parts.scheme != "file":
+        return None
+    return Path(unquote(parts.path))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredObject:
+    key: str
+    size: int
+    last_modified: datetime
+
+
+class Store:
+    """A bucket or directory, addressed by keys, with optional payload-codec encoding.
+
+    Writes are atomic: a reader sees a whole object or none. Several writers of one key at once
+    are safe (content-addressed keys: they write the same bytes). Local directories are created
+    0700 and files 0600.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        codec: PayloadCodec | None = None,
+        offload_threshold: int | None = None,
+    ) -> None:
+        if url is None:
+            url = os.environ.get("RELAYKIT_STORE") or None
+        if url is None:
+            legacy = os.environ.get("RELAYKIT_TRANSCRIPT_DIR")
+            url = Path(legacy) if legacy else DEFAULT_STORE_DIR
+        if isinstance(url, os.PathLike) or "://" not in str(url):
+            url = Path(url).resolve().as_uri()
+        self.url = str(url)
+        self.codec = codec
+        threshold = offload_threshold
+        if threshold is None:
+            env = os.environ.get("RELAYKIT_OFFLOAD_BYTES")
+            try:
+                threshold = int(env) if env else DEFAULT_OFFLOAD_THRESHOLD
+            except ValueError:
+                raise ConfigurationError(
+                    f"RELAYKIT_OFFLOAD_BYTES must be a number of bytes, not {env!r}"
+                ) from None
+        self.offload_threshold = threshold
+        self.directory = _local_path(self.url)
+        """The local directory of a ``file://`` store (``None`` for object stores)."""
+        self._store: Any = None
+        self._dirs_made: set[Path] = set()
+
+    @classmethod
+    def from_env(cls, *, codec: PayloadCodec | None = None) -> Store:
+        return cls(None, codec=codec)
+
+    def with_codec(self, codec: PayloadCodec | None) -> Store:
+        """The same location, encoding with ``codec``."""
+        if codec is self.codec:
+            return self
+        return Store(self.url, codec=codec, offload_threshold=self.offload_threshold)
+
+    def __repr__(self) -> str:
+        return f"Store({_redact(self.url)!r}, codec={type(self.codec).__name__ if self.codec else None})"
+
+    @property
+    def location(self) -> str:
+        """Where the store is, safe to print (no credentials)."""
+        return _redact(self.url)
+
+    def check(self) -> None:
+        """Open the store now: raises :class:`ConfigurationError` for a URL that cannot work."""
+        self._backend()
+
+    # --- backend --------------------------------------------------------------------------------
+
+    def _backend(self) -> Any:
+        if self._store is None:
+            self._store = self._open()
+            _OPEN_STORES.add(self)
+        return self._store
+
+    def _open(self) -> Any:
+        if self.directory is not None:
+            from obstore.store import LocalStore
+
+            self._make_dir(self.directory)
+            return LocalStore(str(self.directory))
+        parts = urlsplit(self.url)
+        query = dict(parse_qsl(parts.query))
+        base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        config = {k: v for k, v in query.items() if k in _URL_CONFIG.get(parts.scheme, ())}
+        client_options = {k: v for k, v in query.items() if k in _CLIENT_OPTIONS}
+        unknown = set(query) - set(config) - set(client_options)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown store option(s) {', '.join(sorted(unknown))} in {self.location}",
+                hint="credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*); the URL "
+                "takes " + ", ".join(sorted({*_URL_CONFIG.get(parts.scheme, ()), *_CLIENT_OPTIONS})),
+            )
+        try:
+            if parts.scheme == "memory":
+                return from_url("memory:///")
+            return from_url(base, config=config or None, client_options=client_options or None)
+        except BaseException as exc:  # noqa: BLE001 - obstore raises (and panics) its own types
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise ConfigurationError(
+                f"cannot open the store {self.location}: {exc}",
+                hint="set RELAYKIT_STORE to file:///dir, s3://bucket/prefix, gs://… or az://…",
+            ) from None
+
+    def _make_dir(self, path: Path) -> None:
+        """Create ``path`` and missing parents inside the store as 0700."""
+        if path in self._dirs_made:
+            return
+        missing: list[Path] = []
+        cursor = path
+        while not cursor.exists():
+            missing.append(cursor)
+            cursor = cursor.parent
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+        if self.directory is not None and path == self.directory:
+            try:  # a store directory made by an older relaykit was 0755
+                if path.stat().st_mode & 0o077:
+                    os.chmod(path, 0o700)
+            except OSError:
+                pass
+        self._dirs_made.add(path)
+
+    # --- bytes ----------------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes, *, encode: bool = True) -> None:
+        """Write ``data`` under ``key`` (encoded with the codec unless ``encode=False``)."""
+        _check_key(key)
+        if encode and self.codec is not None:
+            payload = Payload(metadata={"encoding": b"binary/plain"}, data=data)
+            encoded = (await self.codec.encode([payload]))[0]
+            data = _ENCODED_MAGIC + encoded.SerializeToString()
+        if self.directory is not None:
+            await asyncio.to_thread(self._put_local, key, data)
+        else:
+            await obstore.put_async(self._backend(), key, data)
+
+    def _put_local(self, key: str, data: bytes) -> None:
+        self._backend()
+        path = self.directory / key  # type: ignore[operator]
+        self._make_dir(path.parent)
+        # A unique temporary name per write: concurrent saves of one key never share one.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileNotFoundError:  # the folder was removed (gc) since we made it
+            self._dirs_made.clear()
+            self._make_dir(path.parent)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+            os.replace(tmp, path)  # atomic: readers never see half an object
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    async def exists(self, key: str) -> bool:
+        _check_key(key)
+        if self.directory is not None:
+            return (self.directory / key).exists()
+        try:
+            await obstore.head_async(self._backend(), key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def get(self, key: str, *, decode: bool = True) -> bytes | None:
+        """The object under ``key`` (decoded with the codec), or ``None`` if there is none."""
+        _check_key(key)
+        try:
+            result = await obstore.get_async(self._backend(), key)
+            data = bytes(await result.bytes_async())
+        except FileNotFoundError:
+            return None
+        if decode and data.startswith(_ENCODED_MAGIC):
+            if self.codec is None:
+                raise StoreError(
+                    f"object {key} was written with a payload codec and this process has none",
+                    hint="configure the same codec (RELAYKIT_CODEC) on every worker and client",
+                )
+            payload = Payload.FromString(data[len(_ENCODED_MAGIC) :])
+            data = (await self.codec.decode([payload]))[0].data
+        return data
+
+    async def list(self, prefix: str) -> AsyncIterator[StoredObject]:
+        """Every object under ``prefix`` (a folder: ``runs/<scope>/``)."""
+        if self.directory is not None and not (self.directory / prefix).exists():
+            return
+        stream = obstore.list(self._backend(), prefix, chunk_size=1000)
+        async for chunk in stream:
+            for meta in chunk:
+                yield StoredObject(meta["path"], meta["size"], meta["last_modified"])
+
+    async def folders(self, prefix: str) -> list[str]:
+        """Names of the folders directly under ``prefix``."""
+        if self.directory is not None and not (self.directory / prefix).exists():
+            return []
+        result = await obstore.list_with_delimiter_async(self._backend(), prefix)
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]]
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many."""
+        keys = [obj.key async for obj in self.list(prefix)]
+        for start in range(0, len(keys), 1000):
+            await obstore.delete_async(self._backend(), keys[start : start + 1000])
+        if self.directory is not None:
+            _remove_empty_dirs(self.directory / prefix)
+        return len(keys)
+
+
+_OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+@atexit.register
+def _drop_backends() -> None:
+    """obstore's client objects abort the interpreter when they are finalised during its
+    shutdown (after their runtime's threads are gone); drop them while the process still runs."""
+    for store in list(_OPEN_STORES):
+        store._store = None
+
+
+def _remove_empty_dirs(path: Path) -> None:
+    if not path.is_dir():
+        return
+    for child in path.iterdir():
+        if child.is_dir():
+            _remove_empty_dirs(child)
+        elif child.name.endswith(".tmp"):  # left by a writer killed mid-write
+            child.unlink(missing_ok=True)
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def run_prefix(scope: str) -> str:
+    return f"{RUNS_PREFIX}/{scope}/"
+
+
+# --- Temporal external payload storage --------------------------------------------------------
+
+
+class StoreDriver(StorageDriver):
+    """Temporal ``StorageDriver`` over a :class:`Store`: payloads above the threshold go to
+    ``runs/<root run>/payloads/<sha256>`` and history keeps a small reference.
+
+    Payloads reach the driver already encoded by the data converter's codec, so they are stored
+    as they are. A claim names only a key that is checked (shape and content hash) on the way
+    back, so a forged reference cannot read outside the store or swap a payload."""
+
+    NAME = "relaykit-store"
+
+    def __init__(self, store: Store) -> None:
+        self.target = store
+
+    def name(self) -> str:
+        return self.NAME
+
+    def type(self) -> str:
+        return "relaykit.StoreDriver"
+
+    async def store(  # type: ignore[override]
+        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
+    ) -> list[StorageDriverClaim]:
+        target = context.target
+        workflow_id = target.id if isinstance(target, StorageDriverWorkflowInfo) else None
+        scope = scope_for(workflow_id)
+        claims = []
+        for payload in payloads:
+            data = payload.SerializeToString()
+            digest = hashlib.sha256(data).hexdigest()
+            key = f"{run_prefix(scope)}payloads/{digest}"
+            if not await self.target.exists(key):
+                await self.target.put(key, data, encode=False)
+            claims.append(StorageDriverClaim(claim_data={"key": key}))
+        return claims
+
+    async def retrieve(  # type: ignore[override]
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        return list(await asyncio.gather(*(self._retrieve(claim) for claim in claims)))
+
+    async def _retrieve(self, claim: StorageDriverClaim) -> Payload:
+        key = claim.claim_data.get("key", "")
+        parts = key.split("/")
+        if (
+            len(parts) != 4
+            or parts[0] != RUNS_PREFIX
+            or parts[2] != "payloads"
+            or not _SHA256.match(parts[3])
+        ):
+            raise InvalidKey(f"invalid payload reference {key[:100]!r}")
+        data = await self.target.get(key, decode=False)
+        if data is None:
+            raise StoreError(
+                f"offloaded payload {key} is not in the store {self.target.location}",
+                hint="every worker and client must use the same RELAYKIT_STORE",
+            )
+        if hashlib.sha256(data).hexdigest() != parts[3]:
+            raise StoreError(f"offloaded payload {key} does not match its digest")
+        return Payload.FromString(data)
+
+
+def with_external_storage(
+    converter: DataConverter, store: Store, *, threshold: int | None = None
+) -> DataConverter:
+    """``converter`` with Temporal external payload storage in ``store``: payloads at least
+    ``threshold`` bytes (default ``store.offload_threshold``) are kept in the store and history
+    holds a reference, so large prompts and tool outputs do not hit Temporal's 2 MB limit.
+
+    Pure: the converter's payload converter and codec are kept; a converter that already has
+    external storage is returned unchanged."""
+    if converter.external_storage is not None:
+        return converter
+    storage = ExternalStorage(
+        drivers=[StoreDriver(store)],
+        payload_size_threshold=store.offload_threshold if threshold is None else threshold,
+    )
+    return dataclasses.replace(converter, external_storage=storage)
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+DEFAULT_RETENTION = timedelta(days=7)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"`` or a number of seconds."""
+    text = text.strip().lower()
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    try:
+        if text and text[-1] in units:
+            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return timedelta(seconds=float(text))
+    except ValueError:
+        raise ConfigurationError(
+            f"not a duration: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
+        ) from None
+
+
+def retention_from_env() -> timedelta:
+    value = os.environ.get("RELAYKIT_STORE_RETENTION")
+    return parse_duration(value) if value else DEFAULT_RETENTION
+
+
+@dataclasses.dataclass
+class GcReport:
+    """What :func:`collect_garbage` did, one entry per root run folder."""
+
+    deleted: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Root run id → objects deleted."""
+    kept: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Root run id → why its folder stays."""
+
+
+async def collect_garbage(
+    store: Store,
+    client: Any,
+    *,
+    retention: timedelta | None = None,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> GcReport:
+    """Delete the folders of root runs that closed more than ``retention`` ago.
+
+    Temporal says whether a run is closed (and when). A run Temporal no longer knows (its
+    namespace retention removed it) counts as closed when its newest object was written; its
+    children (``<root>/<call>``) are asked too, so a detached subagent still running keeps its
+    root's folder."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    retention = retention_from_env() if retention is None else retention
+    now = now or datetime.now(timezone.utc)
+    report = GcReport()
+    for scope in await store.folders(f"{RUNS_PREFIX}/"):
+        run_id = run_id_of_scope(scope)
+        label = run_id or scope
+        closed_at: datetime | None = None
+        if run_id is not None:
+            try:
+                description = await client.get_workflow_handle(run_id).describe()
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                description = None
+            if description is not None:
+                closed_at = description.close_time
+                if closed_at is None:
+                    report.kept[label] = "running"
+                    continue
+            query = f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
+            try:
+                running_child = [w async for w in client.list_workflows(query, limit=1)]
+            except RPCError:
+                running_child = []
+            if running_child:
+                report.kept[label] = f"child run {running_child[0].id} is running"
+                continue
+        if closed_at is None:  # unknown to Temporal: the last write is when it was last used
+            closed_at = max((o.last_modified async for o in store.list(run_prefix(scope))), default=None)
+            if closed_at is None:
+                continue
+        if now - closed_at < retention:
+            report.kept[label] = f"closed {_ago(now - closed_at)} ago, retention {_ago(retention)}"
+            continue
+        if dry_run:
+            report.deleted[label] = sum([1 async for _ in store.list(run_prefix(scope))])
+        else:
+            report.deleted[label] = await store.delete_prefix(run_prefix(scope))
+    return report
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
