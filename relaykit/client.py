@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from relaykit.agent import Agent, Budget
+from relaykit.codec import codec_from_env, compose_data_converter
 from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
 from relaykit.messages import Message
 from relaykit.names import slug
@@ -42,6 +43,8 @@ async def connect(
     profile: str | None = None,
     tracing: bool | None = None,
     tracer: Any = None,
+    codec: PayloadCodec | None = None,
+    data_converter: DataConverter | None = None,
     **options: Any,
 ) -> Client:
     """Connect with Temporal's environment configuration (``TEMPORAL_ADDRESS``,
@@ -50,7 +53,13 @@ async def connect(
 
     ``tracing`` (default: ``RELAYKIT_TRACING``) adds Temporal's OpenTelemetry interceptor, so a
     run started with this client is one trace rooted at its ``StartWorkflow`` span (see
-    :mod:`relaykit.tracing`); workers built on this client trace too."""
+    :mod:`relaykit.tracing`); workers built on this client trace too.
+
+    ``codec`` (default: the one ``RELAYKIT_CODEC`` names, when ``data_converter`` has none)
+    encodes every payload, e.g. to encrypt it; a ``data_converter`` keeps its codec, failure
+    converter and external storage and gets pydantic payload conversion (see
+    :func:`relaykit.codec.compose_data_converter`). Workers built on this client use the same
+    codec, for Temporal and for the transcript store."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if target:
         config["target_host"] = target
@@ -58,7 +67,9 @@ async def connect(
     if namespace:
         config["namespace"] = namespace
     config.update(options)
-    config["data_converter"] = pydantic_data_converter
+    if codec is None and (data_converter is None or data_converter.payload_codec is None):
+        codec = codec_from_env()
+    config["data_converter"] = compose_data_converter(data_converter, codec)
     if tracing_enabled(tracing):
         interceptors = list(config.get("interceptors") or ())
         if not has_tracing_interceptor(interceptors):

@@ -14,15 +14,25 @@ chain doubles as an audit log of everything the model was sent. Nodes live in a 
 activities for a run should share (a network volume, or a synced bucket). A worker that cannot
 find a prefix answers ``TranscriptMissing`` and the run resends the transcript inline: a missing
 store costs bytes, never correctness.
+
+With a payload ``codec`` (the client's, see :mod:`relaykit.codec`) every node is encoded with it
+before it reaches the disk, so an encrypting codec keeps transcripts encrypted at rest too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import PayloadCodec
 
 from relaykit.messages import Message
 
@@ -61,11 +71,32 @@ def _digest(parent: str | None, canonical: str) -> str:
     return hasher.hexdigest()[:DIGEST_CHARS]
 
 
+ENCODED_MAGIC = b"RKP1"
+"""First bytes of a node written through a codec (then a serialized, encoded ``Payload``)."""
+
+
+def _run_codec(coro: Coroutine[Any, Any, list[Payload]]) -> list[Payload]:
+    """Run a codec call from the store's synchronous methods (which run off the event loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 class TranscriptStore:
     """A directory of chain nodes, with a small in-memory cache of whole transcripts."""
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, *, cache_size: int = 64):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        cache_size: int = 64,
+        codec: PayloadCodec | None = None,
+    ):
         self.directory = Path(directory or os.environ.get("RELAYKIT_TRANSCRIPT_DIR") or DEFAULT_DIR)
+        self.codec = codec
         self._cache: OrderedDict[str, list[Message]] = OrderedDict()
         self._cache_size = cache_size
         self._static: dict[str, dict[str, object]] = {}
@@ -82,7 +113,7 @@ class TranscriptStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             parent_json = json.dumps(parent)
-            tmp.write_text(f'{{"parent":{parent_json},"messages":{canonical}}}', encoding="utf-8")
+            tmp.write_bytes(self._encode(f'{{"parent":{parent_json},"messages":{canonical}}}'))
             os.replace(tmp, path)  # atomic: readers never see half a node
         if parent is None or parent in self._cache:
             base = self._cache.get(parent, []) if parent else []
@@ -110,7 +141,7 @@ class TranscriptStore:
                 chunks.append(self._cache[cursor])
                 break
             try:
-                node = json.loads(self._path(cursor).read_text(encoding="utf-8"))
+                node = json.loads(self._decode(self._path(cursor).read_bytes(), cursor))
             except FileNotFoundError:
                 raise TranscriptNotFound(cursor) from None
             chunks.append([Message.model_validate(m) for m in node["messages"]])
@@ -125,7 +156,7 @@ class TranscriptStore:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(part), encoding="utf-8")
+            tmp.write_bytes(self._encode(json.dumps(part)))
             os.replace(tmp, path)
         self._static[digest] = part
 
@@ -134,11 +165,29 @@ class TranscriptStore:
         if cached is not None:
             return cached
         try:
-            part = json.loads((self.directory / "static" / f"{digest}.json").read_text("utf-8"))
+            raw = (self.directory / "static" / f"{digest}.json").read_bytes()
+            part = json.loads(self._decode(raw, digest))
         except FileNotFoundError:
             raise TranscriptNotFound(digest) from None
         self._static[digest] = part
         return part
+
+    def _encode(self, text: str) -> bytes:
+        if self.codec is None:
+            return text.encode()
+        payload = Payload(metadata={"encoding": b"json/plain"}, data=text.encode())
+        [encoded] = _run_codec(self.codec.encode([payload]))
+        return ENCODED_MAGIC + encoded.SerializeToString()
+
+    def _decode(self, raw: bytes, digest: str) -> str:
+        if not raw.startswith(ENCODED_MAGIC):
+            return raw.decode("utf-8")
+        if self.codec is None:  # written by a worker with a codec: as good as missing here
+            raise TranscriptNotFound(digest)
+        payload = Payload()
+        payload.ParseFromString(raw[len(ENCODED_MAGIC):])
+        [decoded] = _run_codec(self.codec.decode([payload]))
+        return decoded.data.decode("utf-8")
 
     def _remember(self, digest: str, messages: list[Message]) -> None:
         self._cache[digest] = messages

@@ -91,7 +91,10 @@ class Worker:
         self._tracing = tracing_enabled(tracing)
         self._tracer = tracer
         self._delta_interval = delta_interval
-        self.transcripts = TranscriptStore(transcript_dir)
+        # The client's codec (e.g. encryption) covers what the store writes too.
+        self.transcripts = TranscriptStore(
+            transcript_dir, codec=client.data_converter.payload_codec
+        )
         self.graph.event_groups = event_groups
         self._options = worker_options
         self._model_activities: ModelActivities | None = None
