@@ -170,6 +170,18 @@ async def test_connect_uses_the_codec_relaykit_codec_names(
         await relaykit.connect(temporal_server.address)
 
 
+def cli_in_process(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """The command line in this process (for failures before any connection: no subprocess
+    start-up cost); ``env`` is set for the call only."""
+    from typer.testing import CliRunner
+
+    from relaykit.cli import app
+
+    cleared = {k: None for k in os.environ if k.startswith("RELAYKIT_CODEC")}
+    done = CliRunner().invoke(app, list(args), env={**cleared, "NO_COLOR": "1", **env})
+    return done.exit_code, done.stdout, done.stderr
+
+
 @pytest.mark.parametrize(
     ("codec", "message"),
     [
@@ -179,27 +191,42 @@ async def test_connect_uses_the_codec_relaykit_codec_names(
         ("just-a-name", "error: codec 'just-a-name' is not of the form module:attr"),
     ],
 )
-async def test_a_codec_that_cannot_be_loaded_is_one_clear_cli_line(
+def test_a_codec_that_cannot_be_loaded_is_one_clear_cli_line(
     temporal_server: DevServer, codec: str, message: str
 ) -> None:
-    env = base_env(TEMPORAL_ADDRESS=temporal_server.address, RELAYKIT_CODEC=codec)
-    code, out, err = await relaykit_cmd("runs", env=env)
-    assert code == 1 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(message), err
+    for command in (["runs"], ["events", "some-run"], ["codec-server"]):
+        code, out, err = cli_in_process(
+            *command, env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_CODEC": codec}
+        )
+        assert code == 1 and out == ""
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(message), err
 
 
-async def test_aes_codec_with_a_missing_or_malformed_key_is_one_clear_cli_line(
+def test_aes_codec_with_a_missing_or_malformed_key_is_one_clear_cli_line(
     temporal_server: DevServer,
 ) -> None:
-    env = base_env(TEMPORAL_ADDRESS=temporal_server.address, RELAYKIT_CODEC=CODEC_ENV["RELAYKIT_CODEC"])
-    code, _, err = await relaykit_cmd("runs", env=env)
+    env = {"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_CODEC": CODEC_ENV["RELAYKIT_CODEC"]}
+    code, _, err = cli_in_process("runs", env=env)
     assert code == 1 and err.strip().splitlines() == [
         "error: RELAYKIT_CODEC_KEY is not set (hint: the AES-GCM codec needs a 32-byte key)"
     ]
-    code, _, err = await relaykit_cmd("runs", env={**env, "RELAYKIT_CODEC_KEY": "c2hvcnQ="})
+    code, _, err = cli_in_process("runs", env={**env, "RELAYKIT_CODEC_KEY": "c2hvcnQ="})
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "RELAYKIT_CODEC_KEY is not a 32-byte key" in err and "c2hvcnQ" not in err
+
+
+async def test_a_codec_set_for_the_worker_process_is_one_clear_line_when_broken(
+    temporal_server: DevServer,
+) -> None:
+    # `relaykit worker` as a real process: the codec is loaded before it serves anything.
+    env = base_env(TEMPORAL_ADDRESS=temporal_server.address, RELAYKIT_CODEC="no_such_codec_module:C")
+    code, out, err = await relaykit_cmd("worker", "examples.encryption", env=env)
+    assert code == 1 and err.strip().splitlines() == [
+        "error: cannot import codec module 'no_such_codec_module': No module named "
+        "'no_such_codec_module' (hint: set RELAYKIT_CODEC=module:attr, e.g. "
+        "relaykit.codecs.aes:AesGcmCodec)"
+    ]
 
 
 # --- the AES-GCM codec ---------------------------------------------------------------------------
@@ -510,6 +537,33 @@ async def test_commands_without_the_codec_fail_in_one_line_before_changing_the_r
         assert [p.call_id for p in await handle.pending_approvals()] == ["call_hold"]
         await handle.approve("call_hold")
         assert (await handle.result()).output == "paid"
+
+
+async def test_temporal_cli_shows_decoded_payloads_through_the_codec_server(
+    deployment: Deployment, model_server: ScriptedModelServer, codec_server: str
+) -> None:
+    model = scripted_model(model_server)
+    model_server.script(model.name, [text(f"Hello {NAME}")])
+    client = await deployment.client()
+    agent = Agent(name="payouts_shown", model=model)
+    async with serving(client, agent, transcript_dir=deployment.store) as worker:
+        handle = await start_run(client, agent, f"Greet {NAME}", task_queue=worker.task_queue)
+        await handle.result()
+
+    def show(*extra: str) -> str:
+        done = subprocess.run(
+            [find_temporal_cli(), "workflow", "show", "--address", deployment.server.address,
+             "--workflow-id", handle.id, "--detailed", *extra],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert NAME not in await asyncio.to_thread(show)
+    decoded = await asyncio.to_thread(
+        show, "--codec-endpoint", codec_server, "--codec-auth", "Bearer let-me-in"
+    )
+    assert f"Greet {NAME}" in decoded and f"Hello {NAME}" in decoded
 
 
 def relaykit_example_send_payout() -> Any:
