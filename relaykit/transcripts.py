@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -75,13 +76,20 @@ ENCODED_MAGIC = b"RKP1"
 """First bytes of a node written through a codec (then a serialized, encoded ``Payload``)."""
 
 
+_codec_loops = threading.local()
+
+
 def _run_codec(coro: Coroutine[Any, Any, list[Payload]]) -> list[Payload]:
-    """Run a codec call from the store's synchronous methods (which run off the event loop)."""
+    """Run a codec call from the store's synchronous methods (which run off the event loop, in
+    worker threads). Each thread keeps one loop: a new loop per node costs milliseconds."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(1) as pool:
+        loop = getattr(_codec_loops, "loop", None)
+        if loop is None:
+            loop = _codec_loops.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(coro)
+    with ThreadPoolExecutor(1) as pool:  # called on an event loop: run it beside it
         return pool.submit(asyncio.run, coro).result()
 
 
