@@ -621,3 +621,24 @@ async def test_no_plaintext_pii_reaches_history_the_server_database_or_the_trans
     server_files = [p for p in db.parent.iterdir() if p.name.startswith(db.name)]
     assert server_files
     assert_no_pii(b"".join(p.read_bytes() for p in server_files), "the server's database")
+
+
+async def test_relaykit_demo_with_a_codec_keeps_the_server_database_and_store_encrypted(
+    tmp_path: Path,
+) -> None:
+    # `relaykit demo` (like `relaykit dev`) builds its worker and run from the environment's
+    # codec: the answer is printed decoded, and the database file and store hold none of it.
+    env = base_env(
+        **CODEC_ENV, RELAYKIT_MODEL="scripted", RELAYKIT_TRANSCRIPT_DIR=str(tmp_path / "store")
+    )
+    code, out, err = await relaykit_cmd(
+        "demo", "--exit", "--port", str(free_port()), "--ui-port", str(free_port()),
+        "--data-dir", str(tmp_path / "server"), env=env,
+    )
+    assert code == 0, err
+    answer = "500.00 EUR = 81967.21 JPY"
+    assert answer in out
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert (tmp_path / "server" / "temporal.db").exists() and any((tmp_path / "store").rglob("*"))
+    for secret in (answer, "81967.21", "convert_currency("):
+        assert secret.encode() not in stored
