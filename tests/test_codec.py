@@ -21,6 +21,7 @@ import httpx
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import (
     DataConverter,
@@ -584,7 +585,8 @@ async def test_no_plaintext_pii_reaches_history_the_server_database_or_the_trans
         Args:
             iban: The IBAN.
         """
-        raise ValueError(f"bank refused {iban} for {NAME}")
+        # A failed activity: its message is recorded in history as the failure's message.
+        raise ApplicationError(f"bank refused {iban} for {NAME}", non_retryable=True)
 
     from examples.encryption import account_details
 
@@ -606,6 +608,12 @@ async def test_no_plaintext_pii_reaches_history_the_server_database_or_the_trans
         result = await handle.result()
     assert result.output == f"{NAME}, your IBAN {IBAN} was refused."
     assert any(f"bank refused {IBAN}" in (m.content or "") for m in result.transcript)
+    failed = [
+        e for e in (await handle.workflow.fetch_history()).events
+        if e.HasField("activity_task_failed_event_attributes")
+    ]
+    assert len(failed) == 1
+    assert failed[0].activity_task_failed_event_attributes.failure.message == "Encoded failure"
 
     for run_id in (handle.id, "enc-pay-1", "enc-pay-2"):
         try:
