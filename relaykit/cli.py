@@ -443,8 +443,9 @@ async def codec_server(
     except OSError as exc:
         sock.close()
         raise RelaykitError(f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port") from None
+    sock.listen(128)  # before the line below, so whoever waits for it can connect at once
     bound = sock.getsockname()[1]
-    url = f"http://{host}:{bound}"
+    url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
     auth = " (Authorization required)" if os.environ.get(CODEC_AUTH_ENV) else ""
     err_console.print(f"codec server on {url}{auth} for {type(codec).__name__}", highlight=False)
     err_console.print(
