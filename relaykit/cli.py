@@ -90,14 +90,19 @@ async def _check_payloads_readable(handle: RunHandle) -> None:
     run and only then fail on its answer."""
     from relaykit.codec import describe_decode_error
 
-    async for event in handle.workflow.fetch_history_events(page_size=1):
-        started = event.workflow_execution_started_event_attributes
-        if started.HasField("input"):
-            try:
-                await handle.client.data_converter.decode(started.input.payloads)
-            except Exception as exc:  # noqa: BLE001 - a codec may raise anything
-                raise describe_decode_error(exc, any_error=True) from None
+    try:
+        async for event in handle.workflow.fetch_history_events(page_size=1):
+            started = event.workflow_execution_started_event_attributes
+            break
+        else:
+            return
+    except RPCError:  # e.g. no permission to read history: the command itself may still work
         return
+    if started.HasField("input"):
+        try:
+            await handle.client.data_converter.decode(started.input.payloads)
+        except Exception as exc:  # noqa: BLE001 - a codec may raise anything
+            raise describe_decode_error(exc, any_error=True) from None
 
 
 def ui_base() -> str:
