@@ -5,6 +5,7 @@ so a crash of a worker, a model server or a machine loses nothing.
 """
 
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
 from relaykit.context_policy import ContextPolicy
 from relaykit.client import RunHandle, connect, get_run, run, start_run
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
@@ -51,6 +52,7 @@ __all__ = [
     "Message",
     "ModelSettings",
     "ModelSpec",
+    "PayloadDecodeError",
     "PendingApproval",
     "RelaykitError",
     "RunContext",
@@ -71,9 +73,11 @@ __all__ = [
     "ToolContext",
     "Usage",
     "Worker",
+    "compose_data_converter",
     "connect",
     "for_context_rewrite",
     "get_run",
+    "load_codec",
     "parse_model",
     "remove_tool_calls",
     "run",

@@ -65,6 +65,13 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
             _fail(str(getattr(exc.cause, "message", exc.cause)))
         except RPCError as exc:
             _fail(f"Temporal: {exc.message}")
+        except KeyError as exc:  # Temporal's error for a payload encoding no codec here reads
+            from relaykit.codec import describe_decode_error
+
+            unreadable = describe_decode_error(exc)
+            if unreadable is None:
+                raise
+            _fail(str(unreadable))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         return None
@@ -73,7 +80,29 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
 
 
 async def _client(address: str | None, namespace: str | None) -> Client:
+    """A client with the codec ``RELAYKIT_CODEC`` names (see :mod:`relaykit.codec`)."""
     return await connect(address, namespace=namespace)
+
+
+async def _check_payloads_readable(handle: RunHandle) -> None:
+    """Fail before acting on a run whose payloads this process cannot read (encoded by a codec
+    it lacks, or under another key): otherwise a command such as ``approve`` would change the
+    run and only then fail on its answer."""
+    from relaykit.codec import describe_decode_error
+
+    try:
+        async for event in handle.workflow.fetch_history_events(page_size=1):
+            started = event.workflow_execution_started_event_attributes
+            break
+        else:
+            return
+    except RPCError:  # e.g. no permission to read history: the command itself may still work
+        return
+    if started.HasField("input"):
+        try:
+            await handle.client.data_converter.decode(started.input.payloads)
+        except Exception as exc:  # noqa: BLE001 - a codec may raise anything
+            raise describe_decode_error(exc, any_error=True) from None
 
 
 def ui_base() -> str:
@@ -96,6 +125,7 @@ async def _handle(run_id: str, address: str | None, namespace: str | None) -> Ru
             f"no run with id {run_id!r} in namespace {client.namespace!r}",
             hint="`temporal workflow list` shows the runs that exist",
         ) from exc
+    await _check_payloads_readable(handle)
     return handle
 
 
@@ -376,6 +406,59 @@ async def runs(
         err_console.print("no runs")
         return
     console.print(runs_table(rows))
+
+
+@app.command("codec-server")
+@command
+async def codec_server(
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 8081,
+    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+    origin: Annotated[
+        list[str] | None,
+        typer.Option(help="Browser origin allowed to call it (repeatable; default: the Temporal "
+                     "UI on localhost:8233/8080 and RELAYKIT_UI_URL)"),
+    ] = None,
+) -> None:
+    """Serve the codec RELAYKIT_CODEC names over Temporal's remote codec protocol, so the
+    Temporal UI and `temporal --codec-endpoint` show decoded payloads. Set
+    RELAYKIT_CODEC_AUTH to require that exact Authorization header."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from relaykit.codec import CODEC_AUTH_ENV, CODEC_ENV, DEFAULT_UI_ORIGINS, codec_app, codec_from_env
+
+    codec = codec_from_env()
+    if codec is None:
+        raise RelaykitError(f"no codec to serve: {CODEC_ENV} is not set", hint="set it to module:attr")
+    try:
+        import uvicorn
+    except ImportError:
+        raise RelaykitError(
+            "the codec server needs uvicorn and starlette", hint="pip install 'relaykit[codec]'"
+        ) from None
+    origins = list(origin or DEFAULT_UI_ORIGINS)
+    if not origin and os.environ.get("RELAYKIT_UI_URL"):
+        parts = urlsplit(ui_base())
+        origins.append(f"{parts.scheme}://{parts.netloc}")
+    app_ = codec_app(codec, origins=origins, authorization=os.environ.get(CODEC_AUTH_ENV) or None)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RelaykitError(f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port") from None
+    sock.listen(128)  # before the line below, so whoever waits for it can connect at once
+    bound = sock.getsockname()[1]
+    url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+    auth = " (Authorization required)" if os.environ.get(CODEC_AUTH_ENV) else ""
+    err_console.print(f"codec server on {url}{auth} for {type(codec).__name__}", highlight=False)
+    err_console.print(
+        f"[dim]temporal workflow show --codec-endpoint {url} …; Temporal UI: codec endpoint "
+        f"{url}[/dim]", highlight=False,
+    )
+    server = uvicorn.Server(uvicorn.Config(app_, log_level="warning", lifespan="off"))
+    await server.serve(sockets=[sock])
 
 
 @app.command()

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from relaykit.agent import Agent, Budget
+from relaykit.codec import codec_from_env, compose_data_converter
 from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
 from relaykit.messages import Message
 from relaykit.names import slug
@@ -44,6 +45,8 @@ async def connect(
     tracing: bool | None = None,
     tracer: Any = None,
     store: Store | str | None = None,
+    codec: PayloadCodec | None = None,
+    data_converter: DataConverter | None = None,
     **options: Any,
 ) -> Client:
     """Connect with Temporal's environment configuration (``TEMPORAL_ADDRESS``,
@@ -55,7 +58,13 @@ async def connect(
     :mod:`relaykit.tracing`); workers built on this client trace too.
 
     Payloads too large for Temporal history are kept in ``store`` (default ``RELAYKIT_STORE``;
-    see :mod:`relaykit.storage`), the same store workers use."""
+    see :mod:`relaykit.storage`), the same store workers use.
+
+    ``codec`` (default: the one ``RELAYKIT_CODEC`` names, when ``data_converter`` has none)
+    encodes every payload, e.g. to encrypt it; a ``data_converter`` keeps its codec, failure
+    converter and external storage and gets pydantic payload conversion (see
+    :func:`relaykit.codec.compose_data_converter`). Workers built on this client use the same
+    codec, for Temporal and for the transcript store."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if target:
         config["target_host"] = target
@@ -63,9 +72,11 @@ async def connect(
     if namespace:
         config["namespace"] = namespace
     config.update(options)
-    config["data_converter"] = pydantic_data_converter
+    if codec is None and (data_converter is None or data_converter.payload_codec is None):
+        codec = codec_from_env()
     config["data_converter"] = with_external_storage(
-        config["data_converter"], store if isinstance(store, Store) else Store(store)
+        compose_data_converter(data_converter, codec),
+        store if isinstance(store, Store) else Store(store),
     )
     if tracing_enabled(tracing):
         interceptors = list(config.get("interceptors") or ())
