@@ -36,6 +36,7 @@ from relaykit.codecs.aes import AesGcmCodec, key_id_of
 from relaykit.devserver import DevServer, find_temporal_cli
 from relaykit.messages import Message
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
+from relaykit.storage import Store, scope_for
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from tests.support import scripted_model, serving
 
@@ -274,24 +275,25 @@ async def test_aes_codec_round_trips_rotates_keys_and_refuses_other_keys() -> No
 # --- the transcript store -------------------------------------------------------------------------
 
 
-def test_transcript_store_with_a_codec_writes_no_plaintext_and_reads_its_nodes_back(
+async def test_transcript_store_with_a_codec_writes_no_plaintext_and_reads_its_nodes_back(
     tmp_path: Path,
 ) -> None:
-    store = TranscriptStore(tmp_path, codec=aes())
+    store = TranscriptStore(Store(tmp_path, codec=aes()))
+    scope = scope_for("payout-run")
     first = [Message(role="user", content=f"I am {NAME}, IBAN {IBAN}")]
-    digest = store.save(None, first)
-    store.save_static("ab" * 16, {"system": f"You help {NAME}."})
+    digest = await store.save(scope, None, first)
+    await store.save_static(scope, "ab" * 16, {"system": f"You help {NAME}."})
     count, data = store_bytes(tmp_path)
     assert count == 2
     assert_no_pii(data, "the transcript store")
 
-    fresh = TranscriptStore(tmp_path, codec=aes())  # another worker: nothing cached
-    assert [m.content for m in fresh.load(digest)] == [first[0].content]
-    assert fresh.load_static("ab" * 16) == {"system": f"You help {NAME}."}
+    fresh = TranscriptStore(Store(tmp_path, codec=aes()))  # another worker: nothing cached
+    assert [m.content for m in await fresh.load(scope, digest)] == [first[0].content]
+    assert await fresh.load_static(scope, "ab" * 16) == {"system": f"You help {NAME}."}
     # A worker without the codec cannot read the nodes: they count as missing (the run then
     # resends the transcript inline), never as garbage.
     with pytest.raises(TranscriptNotFound):
-        TranscriptStore(tmp_path).load(digest)
+        await TranscriptStore(Store(tmp_path)).load(scope, digest)
 
 
 # --- the codec server -----------------------------------------------------------------------------
