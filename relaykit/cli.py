@@ -117,23 +117,25 @@ def _print_result(result: Any, as_json: bool) -> None:
 @app.command()
 @command
 async def worker(
-    target: Annotated[str, typer.Argument(help="MODULE or MODULE:ATTR (an agent or a list of agents)")],
+    target: Annotated[
+        list[str], typer.Argument(help="MODULE or MODULE:ATTR (an agent or a list of agents); "
+                                  "several may be given")
+    ],
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Run a worker serving the agents of a module (and every agent they reach)."""
-    from relaykit.loading import load_agents
-    from relaykit.worker import Worker
+    """Run a worker serving the agents of a module (and every agent they reach).
 
-    agents = load_agents(target)
+    Agents without a model get the same one `relaykit dev` would pick (RELAYKIT_MODEL, provider
+    keys, the bundled local model, or the scripted stand-in); the first lines say which."""
+    from relaykit.dev import run_worker
+    from relaykit.loading import load_agents
+
+    for one in target:  # a bad module fails before anything connects
+        load_agents(one)
     client = await _client(address, namespace)
-    served = Worker(client, agents, task_queue=task_queue)
-    err_console.print(
-        f"worker on task queue [bold]{task_queue}[/bold] serving: "
-        + ", ".join(sorted(served.graph.agents))
-    )
-    await served.run()
+    await run_worker(target, client=client, task_queue=task_queue)
 
 
 @app.command()

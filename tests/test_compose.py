@@ -134,3 +134,67 @@ def test_ui_and_worker_point_at_temporal(services: dict[str, Any]) -> None:
     worker = services["worker"]
     assert environment(worker)["TEMPORAL_ADDRESS"] == "temporal:7233"
     assert worker.get("profiles"), "the worker must not start without --profile"
+
+
+# --- the worker service, run without Docker ---------------------------------------------------
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolate(value: str, shell: dict[str, str]) -> str:
+    """Compose's ``${VAR:-default}`` substitution from the shell's environment."""
+    return _INTERPOLATION.sub(lambda m: shell.get(m.group(1)) or (m.group(2) or ""), value)
+
+
+def test_the_compose_worker_service_serves_a_run_with_the_scripted_model(
+    services: dict[str, Any], temporal_server: Any, tmp_path: Path
+) -> None:
+    # The worker service's exact command (the image's CMD) and environment, as compose would
+    # pass them from a shell that only sets RELAYKIT_MODEL=scripted; the address points at the
+    # test server instead of the compose network's `temporal:7233`.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    service = services["worker"]
+    dockerfile = service["build"]["dockerfile_inline"]
+    command = json.loads(re.search(r"^CMD\s+(\[.*\])\s*$", dockerfile, re.MULTILINE).group(1))
+    image_env = dict(re.findall(r"^ENV\s+(\w+)=(\S+)", dockerfile, re.MULTILINE))
+    assert command[0] == "relaykit"
+    command[0] = str(Path(sys.executable).with_name("relaykit"))
+    shell = {"RELAYKIT_MODEL": "scripted"}
+    env = {key: interpolate(value, shell) for key, value in environment(service).items()}
+    assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
+    env["TEMPORAL_ADDRESS"] = temporal_server.address
+    repo = str(COMPOSE_FILE.parent)
+    env["PYTHONPATH"] = image_env["PYTHONPATH"].replace("/app", repo)
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    base["RELAYKIT_TRANSCRIPT_DIR"] = str(tmp_path / "transcripts")
+    worker = subprocess.Popen(
+        command, cwd=tmp_path, env={**base, **env}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "relaykit.cli", "run", "triage", "I was charged twice",
+             "--wait"],
+            cwd=repo, env={**os.environ, "TEMPORAL_ADDRESS": temporal_server.address,
+                           "NO_COLOR": "1"},
+            capture_output=True, text=True, timeout=90,
+        )
+    finally:
+        worker.terminate()
+        _, worker_log = worker.communicate(timeout=20)
+    assert done.returncode == 0, done.stderr + worker_log
+    assert "You were charged twice" in done.stdout
+    assert "agent billing" in done.stderr
+    assert "scripted stand-in model (RELAYKIT_MODEL=scripted" in worker_log
+    assert "openai:scripted" not in worker_log
+
+
+def test_the_compose_worker_passes_the_model_settings_on(services: dict[str, Any]) -> None:
+    env = environment(services["worker"])
+    for name in ("RELAYKIT_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
+                 "ANTHROPIC_BASE_URL"):
+        assert env.get(name) == f"${{{name}:-}}", name
