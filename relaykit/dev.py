@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from contextlib import AsyncExitStack
 from collections.abc import Mapping, Sequence
@@ -198,8 +199,19 @@ def responder_for(targets: Sequence[str]) -> Responder:
     return dispatch
 
 
+def stop_on_sigterm() -> None:
+    """Treat SIGTERM (a process manager, ``kill``, a closed terminal tab) like Ctrl-C: cancel the
+    running command so its exit stack stops the embedded server and the worker. Python's default
+    for SIGTERM ends the process at once and would leave the server holding the ports."""
+    task = asyncio.current_task()
+    if task is None or os.name == "nt":
+        return
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+
 async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
     load_agents(target)  # a clear error for a bad module before anything starts
+    stop_on_sigterm()
     async with AsyncExitStack() as stack:
         await _serve(stack, target, port, ui_port, data_dir, task_queue, None)
         console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
@@ -234,6 +246,7 @@ async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None)
     from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
 
     task_queue = "relaykit-demo"
+    stop_on_sigterm()
     async with AsyncExitStack() as stack:
         server, worker, choice = await _serve(
             stack, "examples.demo:travel_assistant", port, ui_port, data_dir, task_queue,

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import queue
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +105,144 @@ def test_ui_url_prints_the_run_page() -> None:
 def test_help_works(command: list[str]) -> None:
     done = relaykit(*command)
     assert done.returncode == 0 and "Usage" in done.stdout
+
+
+# --- helpers for long-running commands ----------------------------------------------------------
+
+
+class Lines:
+    """A process's output lines, read in the background so a test can wait for one."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Any) -> None:
+        for line in iter(stream.readline, ""):
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, text: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        for line in self.lines:
+            if text in line:
+                return line
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"{text!r} not seen; output so far:\n" + "\n".join(self.lines))
+
+
+def popen(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def worker_process(
+    temporal_server: DevServer, *targets: str, task_queue: str, tmp_path: Path,
+    env: dict[str, str] | None = None,
+) -> Iterator[Lines]:
+    """`relaykit worker TARGETS` with the scripted stand-in model, until the block ends."""
+    proc = popen(
+        "-m", "relaykit.cli", "worker", *targets, "--task-queue", task_queue,
+        env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
+             "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"), **(env or {})},
+    )
+    lines = Lines(proc.stderr)
+    try:
+        lines.wait_for("worker on task queue")
+        yield lines
+    finally:
+        stop(proc)
+
+
+def cli_env(temporal_server: DevServer) -> dict[str, str]:
+    return {"TEMPORAL_ADDRESS": temporal_server.address}
+
+
+# --- worker.py, model resolution ---------------------------------------------------------------
+
+
+def test_worker_py_serves_every_example_with_the_models_scripted_stand_ins(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    queue_name = f"wpy-{uuid.uuid4().hex[:8]}"
+    proc = popen(
+        "worker.py",
+        env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
+             "RELAYKIT_TASK_QUEUE": queue_name,
+             "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts")},
+    )
+    lines = Lines(proc.stderr)
+    try:
+        serving = lines.wait_for("serving:")
+        triage = relaykit("run", "triage", "I was charged twice", "-q", queue_name, "--wait",
+                          env=cli_env(temporal_server))
+        demo = relaykit(
+            "run", "travel_assistant",
+            "I fly from Paris to Tokyo tomorrow with 500 EUR. Weather in both, and in yen?",
+            "-q", queue_name, "--wait", env=cli_env(temporal_server),
+        )
+    finally:
+        stop(proc)
+    assert "scripted stand-in model" in "\n".join(lines.lines)
+    for agent in ("triage", "billing", "travel_assistant", "research_lead", "deep_research",
+                  "refund_agent"):
+        assert agent in serving
+    assert triage.returncode == 0, triage.stderr
+    assert "You were charged twice" in triage.stdout
+    assert demo.returncode == 0, demo.stderr
+    assert "JPY" in demo.stdout
+
+
+def test_worker_py_serves_only_the_agents_named_by_relaykit_agents(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    proc = popen(
+        "worker.py",
+        env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
+             "RELAYKIT_AGENTS": "examples.demo:travel_assistant",
+             "RELAYKIT_TASK_QUEUE": f"wpy-{uuid.uuid4().hex[:8]}",
+             "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts")},
+    )
+    lines = Lines(proc.stderr)
+    try:
+        serving = lines.wait_for("serving:")
+    finally:
+        stop(proc)
+    assert serving.endswith("serving: travel_assistant")
+
+
+def test_worker_with_relaykit_model_scripted_uses_the_stand_in_not_an_openai_model(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    queue_name = f"w-{uuid.uuid4().hex[:8]}"
+    with worker_process(temporal_server, "examples.triage", task_queue=queue_name,
+                        tmp_path=tmp_path, env={"OPENAI_API_KEY": ""}) as lines:
+        done = relaykit("run", "triage", "my invoice is wrong", "-q", queue_name, "--wait",
+                        env=cli_env(temporal_server))
+    assert "model: scripted stand-in model (RELAYKIT_MODEL=scripted" in "\n".join(lines.lines)
+    assert done.returncode == 0, done.stderr
+    assert "agent billing" in done.stderr
