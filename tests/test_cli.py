@@ -162,13 +162,14 @@ def stop(proc: subprocess.Popen[str]) -> None:
 @contextmanager
 def worker_process(
     temporal_server: DevServer, *targets: str, task_queue: str, tmp_path: Path,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, cwd: Path = ROOT,
 ) -> Iterator[Lines]:
     """`relaykit worker TARGETS` with the scripted stand-in model, until the block ends."""
     proc = popen(
         "-m", "relaykit.cli", "worker", *targets, "--task-queue", task_queue,
         env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
              "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"), **(env or {})},
+        cwd=cwd,
     )
     lines = Lines(proc.stderr)
     try:
@@ -180,6 +181,41 @@ def worker_process(
 
 def cli_env(temporal_server: DevServer) -> dict[str, str]:
     return {"TEMPORAL_ADDRESS": temporal_server.address}
+
+
+SLOW_AGENTS = '''
+import asyncio
+import os
+from pathlib import Path
+
+from relaykit import Agent, tool
+from relaykit.testing.scripted_server import call, text
+
+
+@tool
+async def hold() -> str:
+    """Hold until the test releases the call."""
+    folder = Path(os.environ["SLOW_DIR"])
+    (folder / "holding").write_text("")
+    while not (folder / "release").exists():
+        await asyncio.sleep(0.05)
+    return "released"
+
+
+slowpoke = Agent(name="slowpoke", instructions="Hold, then answer.", tools=[hold])
+
+
+def scripted_responder(request):
+    return text("done") if request.last_message_is_tool_result else call("hold")
+'''
+"""An agent whose one tool call runs until the test writes the ``release`` file."""
+
+
+def wait_for_file(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
 
 
 # --- worker.py, model resolution ---------------------------------------------------------------
@@ -246,3 +282,131 @@ def test_worker_with_relaykit_model_scripted_uses_the_stand_in_not_an_openai_mod
     assert "model: scripted stand-in model (RELAYKIT_MODEL=scripted" in "\n".join(lines.lines)
     assert done.returncode == 0, done.stderr
     assert "agent billing" in done.stderr
+
+
+# --- the CLI says what is happening -------------------------------------------------------------
+
+
+def test_version_prints_the_package_version() -> None:
+    done = relaykit("--version")
+    assert done.returncode == 0
+    assert done.stdout.startswith("relaykit ")
+
+
+def test_help_shows_boolean_options_as_flags() -> None:
+    done = relaykit("run", "--help")
+    assert done.returncode == 0
+    assert "<bool>" not in done.stdout
+    assert "-w, --wait " in done.stdout and "--if-exists" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from relaykit import Agent\nagent = Agent(name='a'\n",
+         "error: cannot import 'broken_agents': broken_agents.py, line 2: "),
+        ("from relaykit import Agent\n\nratio = 1 / 0\n",
+         "error: cannot import 'broken_agents': broken_agents.py, line 3: ZeroDivisionError: "
+         "division by zero"),
+        ("import no_such_dependency_here\n",
+         "error: cannot import 'broken_agents': broken_agents.py, line 1: ModuleNotFoundError: "
+         "No module named 'no_such_dependency_here'"),
+    ],
+    ids=["syntax-error", "exception-at-import", "missing-dependency"],
+)
+def test_an_agent_module_that_fails_to_import_gives_its_file_and_line_only(
+    tmp_path: Path, source: str, expected: str
+) -> None:
+    (tmp_path / "broken_agents.py").write_text(source)
+    for args in (["worker", "broken_agents"], ["dev", "broken_agents", "--port", str(free_port())]):
+        proc = popen("-m", "relaykit.cli", *args, cwd=tmp_path)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(expected), err
+
+
+def test_a_prompt_that_is_not_utf8_gives_one_clear_line() -> None:
+    prompt = os.fsdecode(b"caf\xe9 au lait")
+    done = relaykit("run", "triage", prompt, env={"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"})
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: the prompt is not valid UTF-8 (byte 0xe9 at character 3) (hint: pass text in "
+        "UTF-8)"
+    ]
+
+
+def test_run_wait_prints_the_run_id_and_says_when_no_worker_polls_the_queue(
+    temporal_server: DevServer,
+) -> None:
+    queue_name = f"nobody-{uuid.uuid4().hex[:8]}"
+    waiting = popen("-m", "relaykit.cli", "run", "triage", "hi", "-q", queue_name, "--wait",
+                    env=cli_env(temporal_server))
+    lines = Lines(waiting.stderr)
+    try:
+        first = lines.wait_for("run ")
+        run_id = first.split()[1]
+        assert run_id.startswith("triage-")
+        warning = lines.wait_for("no worker polls")
+        assert warning == (
+            f"warning: no worker polls task queue '{queue_name}': the run waits until one does; "
+            f"start one with `relaykit worker MODULE --task-queue {queue_name}`"
+        )
+        assert waiting.poll() is None  # still waiting, as it should
+        ended = relaykit("terminate", run_id, env=cli_env(temporal_server))
+        assert ended.returncode == 0, ended.stderr
+        assert ended.stdout.strip() == f"run {run_id} terminated"
+        waiting.wait(timeout=30)
+    finally:
+        stop(waiting)
+    assert waiting.returncode == 1
+    assert "run failed" in lines.wait_for("error:")
+
+
+def test_commands_on_a_closed_run_say_it_is_closed_and_fail(temporal_server: DevServer) -> None:
+    env = cli_env(temporal_server)
+    queue_name = f"nobody-{uuid.uuid4().hex[:8]}"
+    started = relaykit("run", "triage", "hi", "-q", queue_name, env=env)
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+
+    cancel = relaykit("cancel", run_id, env=env)  # nobody serves the run: no false success
+    assert cancel.returncode == 1
+    assert f"cancel requested, but no worker polls task queue '{queue_name}'" in cancel.stderr
+    assert f"relaykit terminate {run_id}" in cancel.stderr
+
+    assert relaykit("terminate", run_id, env=env).returncode == 0
+    for args in (["cancel", run_id], ["terminate", run_id], ["resume", run_id],
+                 ["pause", run_id], ["send", run_id, "more"], ["approve", run_id, "call_1"]):
+        done = relaykit(*args, env=env)
+        assert done.returncode == 1, args
+        assert f"error: run '{run_id}' is closed (terminated): cannot " in done.stderr, args
+        assert "Traceback" not in done.stderr
+    pending = relaykit("pending", run_id, env=env)
+    assert pending.returncode == 0
+    assert pending.stdout == ""
+    assert f"run {run_id} is closed (terminated): nothing waits for approval" in pending.stderr
+
+
+def test_unknown_run_hint_points_to_relaykit_runs(temporal_server: DevServer) -> None:
+    done = relaykit("cancel", "no-such-run", env=cli_env(temporal_server))
+    assert done.returncode == 1
+    assert "`relaykit runs` lists the runs that exist" in done.stderr
+
+
+def test_cancel_of_a_served_run_reports_that_it_ended(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    env = cli_env(temporal_server)
+    queue_name = f"w-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "slow_agents.py").write_text(SLOW_AGENTS)
+    release = tmp_path / "release"
+    with worker_process(temporal_server, "slow_agents", task_queue=queue_name, tmp_path=tmp_path,
+                        env={"SLOW_DIR": str(tmp_path)}, cwd=tmp_path):
+        started = relaykit("run", "slowpoke", "go", "-q", queue_name, env=env)
+        run_id = started.stdout.strip()
+        wait_for_file(tmp_path / "holding")
+        cancel = relaykit("cancel", run_id, env=env)
+        release.write_text("")
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout.strip() == f"run {run_id} cancelled"
