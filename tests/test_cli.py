@@ -410,3 +410,106 @@ def test_cancel_of_a_served_run_reports_that_it_ended(
         release.write_text("")
     assert cancel.returncode == 0, cancel.stderr
     assert cancel.stdout.strip() == f"run {run_id} cancelled"
+
+
+def test_runs_prints_whole_ids_and_live_tokens_of_a_running_run(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # While its tool runs, the run's RelayTokens search attribute still holds the value of its
+    # start; `runs` shows the tokens the run has used so far.
+    env = cli_env(temporal_server)
+    queue_name = f"w-{uuid.uuid4().hex[:8]}"
+    run_id = "slowpoke-" + "a-long-id-that-a-narrow-table-would-cut-" + uuid.uuid4().hex
+    (tmp_path / "slow_agents.py").write_text(SLOW_AGENTS)
+    with worker_process(temporal_server, "slow_agents", task_queue=queue_name, tmp_path=tmp_path,
+                        env={"SLOW_DIR": str(tmp_path)}, cwd=tmp_path):
+        started = relaykit("run", "slowpoke", "go", "-q", queue_name, "--id", run_id, env=env)
+        assert started.returncode == 0, started.stderr
+        wait_for_file(tmp_path / "holding")
+        listed = relaykit("runs", "--agent", "slowpoke", "--json", env=env)
+        table = relaykit("runs", "--agent", "slowpoke", env={**env, "COLUMNS": "60"})
+        (tmp_path / "release").write_text("")
+        finished = relaykit("result", run_id, env=env)
+    assert listed.returncode == 0, listed.stderr
+    [row] = [r for r in json.loads(listed.stdout) if r["run_id"] == run_id]
+    assert row["status"] == "running"
+    assert row["tokens"] == 15  # one scripted model call: 10 in, 5 out
+    assert table.returncode == 0, table.stderr
+    assert run_id in table.stdout
+    assert finished.stdout.strip() == "done"
+
+
+def test_run_with_an_existing_closed_id_attaches_by_default_fails_or_restarts(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    env = cli_env(temporal_server)
+    queue_name = f"w-{uuid.uuid4().hex[:8]}"
+    run_id = f"ticket-{uuid.uuid4().hex[:8]}"
+    with worker_process(temporal_server, "examples.triage", task_queue=queue_name,
+                        tmp_path=tmp_path):
+        first = relaykit("run", "triage", "I was charged twice", "--id", run_id, "-q",
+                         queue_name, "--wait", env=env)
+        again = relaykit("run", "triage", "My login fails", "--id", run_id, "-q", queue_name,
+                         env=env)
+        refused = relaykit("run", "triage", "My login fails", "--id", run_id, "-q", queue_name,
+                           "--if-exists", "fail", env=env)
+        restarted = relaykit("run", "triage", "My login fails", "--id", run_id, "-q",
+                             queue_name, "--if-exists", "restart", "--wait", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "You were charged twice" in first.stdout
+    # attach: the closed run's result, no second run
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    assert f"run {run_id} already exists and is closed (completed); its result:" in again.stderr
+    assert refused.returncode == 1
+    assert f"error: a run with id '{run_id}' already exists (completed)" in refused.stderr
+    assert restarted.returncode == 0, restarted.stderr
+    assert "Sign-in is" in restarted.stdout and "agent support" in restarted.stderr
+
+
+async def test_run_with_the_id_of_a_running_run_attaches_fails_or_restarts_it(
+    temporal_server: DevServer, client: Any
+) -> None:
+    env = cli_env(temporal_server)
+    queue_name = f"nobody-{uuid.uuid4().hex[:8]}"
+    run_id = f"ticket-{uuid.uuid4().hex[:8]}"
+    first = relaykit("run", "triage", "hi", "--id", run_id, "-q", queue_name, env=env)
+    handle = client.get_workflow_handle(run_id)
+    first_run = (await handle.describe()).run_id
+    attached = relaykit("run", "triage", "hi again", "--id", run_id, "-q", queue_name, env=env)
+    refused = relaykit("run", "triage", "hi again", "--id", run_id, "-q", queue_name,
+                       "--if-exists", "fail", env=env)
+    assert (await handle.describe()).run_id == first_run
+    restarted = relaykit("run", "triage", "hi again", "--id", run_id, "-q", queue_name,
+                         "--if-exists", "restart", env=env)
+    now = await handle.describe()
+    old = await client.get_workflow_handle(run_id, run_id=first_run).describe()
+    await handle.terminate()
+    assert first.returncode == 0 and first.stdout.strip() == run_id
+    assert attached.returncode == 0, attached.stderr
+    assert attached.stdout.strip() == run_id
+    assert f"run {run_id} is already running: attached to it" in attached.stderr
+    assert refused.returncode == 1
+    assert f"error: a run with id '{run_id}' already exists (running)" in refused.stderr
+    assert restarted.returncode == 0, restarted.stderr
+    assert now.run_id != first_run
+    assert old.status is not None and old.status.name == "TERMINATED"
+
+
+def test_dev_stopped_with_sigterm_stops_its_temporal_server(tmp_path: Path) -> None:
+    port, ui_port = free_port(), free_port()
+    args = ("-m", "relaykit.cli", "dev", "examples.triage", "--port", str(port), "--ui-port",
+            str(ui_port), "--data-dir", str(tmp_path / "data"))
+    env = {"RELAYKIT_MODEL": "scripted", "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "t")}
+    for attempt in range(2):  # the second start needs the ports the first one held
+        dev = popen(*args, env=env)
+        lines = Lines(dev.stderr)
+        try:
+            lines.wait_for("ready:", timeout=90)
+            dev.send_signal(signal.SIGTERM)
+            dev.wait(timeout=30)
+        finally:
+            stop(dev)
+        assert dev.returncode == 0, "\n".join(lines.lines)
+        with socket.socket() as sock:  # nothing listens on the frontend port any more
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"attempt {attempt}"
