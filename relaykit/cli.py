@@ -102,6 +102,8 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
             _fail(f"Temporal: {exc.message}")
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except UnicodeEncodeError:  # an argument with bytes that are not UTF-8
+            _fail("an argument is not valid UTF-8 (hint: pass text in UTF-8)")
         return None
 
     return wrapper
@@ -409,6 +411,8 @@ async def run(
 ) -> None:
     """Start a run; print its id (and, with --wait, then its result)."""
     _text_arg(prompt, "prompt")
+    _text_arg(agent, "agent name")
+    _text_arg(run_id, "run id")
     client = await _client(address, namespace)
     handle, existing = await _start_or_attach(
         client, agent, prompt, task_queue=task_queue, run_id=run_id, max_turns=max_turns,

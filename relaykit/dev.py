@@ -105,16 +105,38 @@ def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
         ) from None
 
 
+def load_all(targets: Sequence[str]) -> list[Agent]:
+    """The agents of several ``MODULE[:ATTR]`` targets, each once."""
+    agents: list[Agent] = []
+    for target in targets:
+        agents.extend(a for a in load_agents(target) if all(a is not b for b in agents))
+    return agents
+
+
+def needs_default_model(agents: Sequence[Agent]) -> bool:
+    """Whether any agent reachable from ``agents`` has no model of its own."""
+    from relaykit.graph import AgentGraph
+
+    probe = AgentGraph.build(agents, default_model=ModelSpec(name="default"))
+    return any(agent.model is None for agent in probe.agents.values())
+
+
+OWN_MODELS = ModelChoice(None, "each agent's own (every agent names its model)")
+
+
 async def serve_default_model(
     stack: AsyncExitStack,
     targets: Sequence[str],
     *,
     scripted_responder: Responder | None = None,
     env: Mapping[str, str] | None = None,
-) -> tuple[ModelSpec, ModelChoice]:
+) -> tuple[ModelSpec | None, ModelChoice]:
     """The model that serves agents defined without one, for ``dev``, ``demo`` and ``worker``
     alike (one resolution: :func:`choose_model`). When the choice is the scripted stand-in, its
-    server is started here (stopped by ``stack``) and answers with the modules' own stand-ins."""
+    server is started here (stopped by ``stack``) and answers with the modules' own stand-ins.
+    When every agent names its model, nothing is resolved (``None``)."""
+    if not needs_default_model(load_all(targets)):
+        return None, OWN_MODELS
     choice = choose_model(None if env is None else dict(env))
     if choice.spec is not None:
         return choice.spec, choice
@@ -227,9 +249,7 @@ async def run_worker(
 ) -> None:
     """``relaykit worker`` and the repository's ``worker.py``: serve the agents of ``targets``
     against an existing Temporal server, with the model :func:`serve_default_model` picks."""
-    agents: list[Agent] = []
-    for target in targets:
-        agents.extend(a for a in load_agents(target) if all(a is not b for b in agents))
+    agents = load_all(targets)
     async with AsyncExitStack() as stack:
         spec, choice = await serve_default_model(stack, targets)
         served = Worker(client, agents, task_queue=task_queue, default_model=spec, **worker_options)
