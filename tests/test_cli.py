@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from relaykit.devserver import DevServer
+from relaykit.errors import RelaykitError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -513,3 +514,37 @@ def test_dev_stopped_with_sigterm_stops_its_temporal_server(tmp_path: Path) -> N
         assert dev.returncode == 0, "\n".join(lines.lines)
         with socket.socket() as sock:  # nothing listens on the frontend port any more
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"attempt {attempt}"
+
+
+def test_model_resolution_reads_relaykit_model_keys_and_base_url_the_same_for_every_command(
+) -> None:
+    from relaykit.dev import choose_model
+
+    assert choose_model({"RELAYKIT_MODEL": "scripted"}).spec is None
+    local = choose_model({"RELAYKIT_MODEL": "local:smollm2"}).spec
+    assert local is not None and (local.provider, local.name) == ("local", "smollm2")
+    served = choose_model({"RELAYKIT_MODEL": "llama3.2", "OPENAI_BASE_URL": "http://h:1/v1"}).spec
+    assert served is not None and (served.provider, served.name) == ("openai", "llama3.2")
+    keyed = choose_model({"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": ""}).spec
+    assert keyed is not None and keyed.name == "gpt-4.1-mini"
+    anthropic = choose_model({"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": ""}).spec
+    assert anthropic is not None and anthropic.provider == "anthropic"
+    with pytest.raises(RelaykitError, match="OPENAI_BASE_URL is set but no model name is"):
+        choose_model({"OPENAI_BASE_URL": "http://h:1/v1"})
+
+
+async def test_a_worker_whose_agents_all_name_their_model_resolves_no_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An OPENAI_BASE_URL without RELAYKIT_MODEL would be an error for agents without a model;
+    # it must not stop a worker whose agents all name theirs.
+    from contextlib import AsyncExitStack
+
+    from relaykit.dev import serve_default_model
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.delenv("RELAYKIT_MODEL", raising=False)
+    async with AsyncExitStack() as stack:
+        spec, choice = await serve_default_model(stack, ["tests.crash_agents"])
+    assert spec is None
+    assert "every agent names its model" in choice.label
