@@ -6,7 +6,7 @@ so a crash of a worker, a model server or a machine loses nothing.
 
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
 from relaykit.context_policy import ContextPolicy
-from relaykit.client import RunHandle, connect, get_run, run, start_run
+from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
 from relaykit.handoff import (
     Handoff,
@@ -76,5 +76,6 @@ __all__ = [
     "run",
     "run_agent",
     "start_run",
+    "task_queue_has_worker",
     "tool",
 ]

@@ -31,7 +31,14 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from relaykit.client import DEFAULT_TASK_QUEUE, RunHandle, connect, get_run, start_run
+from relaykit.client import (
+    DEFAULT_TASK_QUEUE,
+    RunHandle,
+    connect,
+    get_run,
+    start_run,
+    task_queue_has_worker,
+)
 from relaykit.errors import RelaykitError, RunFailed
 from relaykit.runs import RunResult
 
@@ -60,12 +67,9 @@ RunIdArg = Annotated[str, typer.Argument(help="Workflow id of the run")]
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from relaykit import __version__
 
-        try:
-            print(f"relaykit {version('relaykit')}")
-        except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
-            print("relaykit (not installed)")
+        print(f"relaykit {__version__}")
         raise typer.Exit()
 
 
@@ -147,33 +151,6 @@ def _is_open(description: WorkflowExecutionDescription) -> bool:
 
 NO_WORKER_AFTER = 3.0
 """Seconds a waiting ``run`` gives a worker to show up before saying that none polls."""
-POLLER_FRESH_SECONDS = 120.0
-"""A poller seen this recently counts as a live worker (an idle worker re-polls about every
-minute; the server lists a stopped worker's pollers for minutes)."""
-
-
-async def task_queue_has_worker(client: Client, task_queue: str) -> bool:
-    """Whether a worker has recently polled ``task_queue`` for workflow tasks (Temporal's
-    DescribeTaskQueue lists a queue's pollers)."""
-    from temporalio.api.enums.v1 import TaskQueueType
-    from temporalio.api.taskqueue.v1 import TaskQueue
-    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-
-    response = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
-    )
-    now = time.time()
-    return any(
-        not poller.HasField("last_access_time")
-        or now - poller.last_access_time.ToSeconds() < POLLER_FRESH_SECONDS
-        for poller in response.pollers
-    )
-
-
 def _no_worker_message(task_queue: str) -> str:
     return (
         f"no worker polls task queue {task_queue!r}: the run waits until one does; start one "
@@ -349,7 +326,10 @@ async def _status_line(handle: RunHandle) -> str | None:
         description = await asyncio.wait_for(handle.workflow.describe(), timeout=2.0)
     except (asyncio.TimeoutError, RPCError, Exception):  # noqa: BLE001 - a status line may lag
         return None
-    status = "" if state.status == "running" else f" · {state.status.replace('_', ' ')}"
+    if state.status == "waiting_approval":
+        status = f" · waiting for approval (relaykit pending {handle.id})"
+    else:
+        status = "" if state.status == "running" else f" · {state.status}"
     return f"{state.agent} · turn {state.turn}{status}{_activity_line(description)}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -548,3 +549,18 @@ async def test_a_worker_whose_agents_all_name_their_model_resolves_no_default(
         spec, choice = await serve_default_model(stack, ["tests.crash_agents"])
     assert spec is None
     assert "every agent names its model" in choice.label
+
+
+async def test_task_queue_has_worker_tells_a_served_queue_from_one_nobody_polls(
+    client: Any, model_server: Any
+) -> None:
+    from relaykit import Agent, task_queue_has_worker
+    from tests.support import scripted_model, serving
+
+    agent = Agent(name="polled", model=scripted_model(model_server))
+    assert not await task_queue_has_worker(client, f"nobody-{uuid.uuid4().hex[:8]}")
+    async with serving(client, agent) as worker:
+        deadline = time.monotonic() + 30
+        while not await task_queue_has_worker(client, worker.task_queue):
+            assert time.monotonic() < deadline, "the worker's poller never showed"
+            await asyncio.sleep(0.1)
