@@ -151,6 +151,8 @@ def _is_open(description: WorkflowExecutionDescription) -> bool:
 
 NO_WORKER_AFTER = 3.0
 """Seconds a waiting ``run`` gives a worker to show up before saying that none polls."""
+
+
 def _no_worker_message(task_queue: str) -> str:
     return (
         f"no worker polls task queue {task_queue!r}: the run waits until one does; start one "
@@ -324,7 +326,7 @@ async def _status_line(handle: RunHandle) -> str | None:
     try:
         state = await asyncio.wait_for(handle.state(), timeout=2.0)
         description = await asyncio.wait_for(handle.workflow.describe(), timeout=2.0)
-    except (asyncio.TimeoutError, RPCError, Exception):  # noqa: BLE001 - a status line may lag
+    except Exception:  # noqa: BLE001 - a slow or absent worker: keep the last line
         return None
     if state.status == "waiting_approval":
         status = f" · waiting for approval (relaykit pending {handle.id})"
@@ -547,6 +549,13 @@ async def cancel(
     step, so a worker must serve it (`relaykit terminate` ends it without one)."""
     handle, description = await _open_handle(run_id, address, namespace, "cancel")
     await handle.cancel()
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if not await task_queue_has_worker(handle.client, queue):
+        raise RelaykitError(
+            f"cancel requested, but no worker polls task queue {queue!r}, so nothing can act "
+            "on it until one does",
+            hint=f"`relaykit terminate {run_id}` ends the run now",
+        )
     try:  # a served run ends within moments; say how
         await asyncio.wait_for(asyncio.shield(handle.workflow.result()), timeout=CANCEL_WAIT)
     except Exception:  # noqa: BLE001 - cancelled, failed or still running: describe says
@@ -555,12 +564,6 @@ async def cancel(
     if not _is_open(after):
         print(f"run {run_id} {_status_word(after)}")
         return
-    queue = description.task_queue or DEFAULT_TASK_QUEUE
-    if not await task_queue_has_worker(handle.client, queue):
-        raise RelaykitError(
-            f"cancel requested, but {_no_worker_message(queue)} (and act on the cancel)",
-            hint=f"`relaykit terminate {run_id}` ends the run now",
-        )
     print("cancel requested: the run stops at its next step")
 
 
@@ -700,7 +703,7 @@ async def _live_tokens(client: Client, rows: list[Any]) -> None:
 
     async def refresh(row: Any) -> None:
         try:
-            state = await asyncio.wait_for(get_run(client, row.id).state(), timeout=3.0)
+            state = await asyncio.wait_for(get_run(client, row.id).state(), timeout=2.0)
         except Exception:  # noqa: BLE001 - no worker, or a run closing meanwhile
             return
         row.tokens = state.usage.total_tokens
