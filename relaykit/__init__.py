@@ -7,7 +7,7 @@ so a crash of a worker, a model server or a machine loses nothing.
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
 from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
 from relaykit.context_policy import ContextPolicy
-from relaykit.client import RunHandle, connect, get_run, run, start_run
+from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
 from relaykit.handoff import (
     Handoff,
@@ -83,6 +83,7 @@ __all__ = [
     "run",
     "run_agent",
     "start_run",
+    "task_queue_has_worker",
     "tool",
     "with_external_storage",
 ]

@@ -13,16 +13,34 @@ import functools
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine
+from contextlib import nullcontext
+from enum import Enum
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from relaykit.client import DEFAULT_TASK_QUEUE, RunHandle, connect, get_run, start_run
+from relaykit.client import (
+    DEFAULT_TASK_QUEUE,
+    RunHandle,
+    connect,
+    get_run,
+    start_run,
+    task_queue_has_worker,
+)
 from relaykit.errors import RelaykitError, RunFailed
+from relaykit.runs import RunResult
 
 app = typer.Typer(
     name="relaykit",
@@ -30,6 +48,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's own help layout: typer's rich panels show every boolean flag as `--wait <bool>`.
+    rich_markup_mode=None,
 )
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -43,6 +63,25 @@ NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="Temporal 
 TaskQueueOpt = Annotated[str, typer.Option("--task-queue", "-q", help="Task queue of the worker")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text")]
 RunIdArg = Annotated[str, typer.Argument(help="Workflow id of the run")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from relaykit import __version__
+
+        print(f"relaykit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True,
+                     help="Print relaykit's version and exit"),
+    ] = False,
+) -> None:
+    """Durable multi-agent LLM runs on Temporal."""
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -74,9 +113,58 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
             _fail(str(unreadable))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except UnicodeEncodeError:  # an argument with bytes that are not UTF-8
+            _fail("an argument is not valid UTF-8 (hint: pass text in UTF-8)")
         return None
 
     return wrapper
+
+
+def _text_arg(value: str | None, what: str) -> str | None:
+    """Arguments arrive decoded with surrogate escapes; bytes that are not UTF-8 would fail deep
+    inside JSON encoding, so they are refused here with their position."""
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start].encode("utf-8", "surrogateescape")
+        raise RelaykitError(
+            f"the {what} is not valid UTF-8 (byte 0x{bad.hex()} at character {exc.start})",
+            hint="pass text in UTF-8",
+        ) from None
+    return value
+
+
+_STATUS_WORDS = {
+    WorkflowExecutionStatus.RUNNING: "running",
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "timed out",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "continued as new",
+}
+
+
+def _status_word(description: WorkflowExecutionDescription) -> str:
+    status = description.status
+    return "unknown" if status is None else _STATUS_WORDS.get(status, status.name.lower())
+
+
+def _is_open(description: WorkflowExecutionDescription) -> bool:
+    return description.status == WorkflowExecutionStatus.RUNNING
+
+
+NO_WORKER_AFTER = 3.0
+"""Seconds a waiting ``run`` gives a worker to show up before saying that none polls."""
+
+
+def _no_worker_message(task_queue: str) -> str:
+    return (
+        f"no worker polls task queue {task_queue!r}: the run waits until one does; start one "
+        f"with `relaykit worker MODULE --task-queue {task_queue}`"
+    )
 
 
 async def _client(address: str | None, namespace: str | None) -> Client:
@@ -116,17 +204,37 @@ def ui_url(workflow_id: str, namespace: str = "default") -> str:
 
 
 async def _handle(run_id: str, address: str | None, namespace: str | None) -> RunHandle:
+    return (await _described(run_id, address, namespace))[0]
+
+
+async def _described(
+    run_id: str, address: str | None, namespace: str | None
+) -> tuple[RunHandle, WorkflowExecutionDescription]:
     client = await _client(address, namespace)
     handle = get_run(client, run_id)
     try:
-        await handle.workflow.describe()
+        description = await handle.workflow.describe()
     except RPCError as exc:
         raise RelaykitError(
             f"no run with id {run_id!r} in namespace {client.namespace!r}",
-            hint="`temporal workflow list` shows the runs that exist",
+            hint="`relaykit runs` lists the runs that exist",
         ) from exc
     await _check_payloads_readable(handle)
-    return handle
+    return handle, description
+
+
+async def _open_handle(
+    run_id: str, address: str | None, namespace: str | None, doing: str
+) -> tuple[RunHandle, WorkflowExecutionDescription]:
+    """The handle of a run that is still open; a closed run cannot be ``doing`` anything, and
+    Temporal's own answer ("workflow execution already completed") does not say how it ended."""
+    handle, description = await _described(run_id, address, namespace)
+    if not _is_open(description):
+        raise RelaykitError(
+            f"run {run_id!r} is closed ({_status_word(description)}): cannot {doing}",
+            hint=f"`relaykit result {run_id}` shows how it ended",
+        )
+    return handle, description
 
 
 def _print_result(result: Any, as_json: bool) -> None:
@@ -147,23 +255,149 @@ def _print_result(result: Any, as_json: bool) -> None:
 @app.command()
 @command
 async def worker(
-    target: Annotated[str, typer.Argument(help="MODULE or MODULE:ATTR (an agent or a list of agents)")],
+    target: Annotated[
+        list[str], typer.Argument(help="MODULE or MODULE:ATTR (an agent or a list of agents); "
+                                  "several may be given")
+    ],
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Run a worker serving the agents of a module (and every agent they reach)."""
-    from relaykit.loading import load_agents
-    from relaykit.worker import Worker
+    """Run a worker serving the agents of a module (and every agent they reach).
 
-    agents = load_agents(target)
+    Agents without a model get the same one `relaykit dev` would pick (RELAYKIT_MODEL, provider
+    keys, the bundled local model, or the scripted stand-in); the first lines say which."""
+    from relaykit.dev import run_worker
+    from relaykit.loading import load_agents
+
+    for one in target:  # a bad module fails before anything connects
+        load_agents(one)
     client = await _client(address, namespace)
-    served = Worker(client, agents, task_queue=task_queue)
-    err_console.print(
-        f"worker on task queue [bold]{task_queue}[/bold] serving: "
-        + ", ".join(sorted(served.graph.agents))
-    )
-    await served.run()
+    await run_worker(target, client=client, task_queue=task_queue)
+
+
+class IfExists(str, Enum):
+    """What ``run --id R`` does when a run with id R exists."""
+
+    attach = "attach"
+    fail = "fail"
+    restart = "restart"
+
+
+async def _start_or_attach(
+    client: Client,
+    agent: str,
+    prompt: str,
+    *,
+    task_queue: str,
+    run_id: str | None,
+    max_turns: int,
+    if_exists: IfExists,
+) -> tuple[RunHandle, WorkflowExecutionDescription | None]:
+    """Start the run, or (re-issuing an existing id) attach to it, fail, or restart it, with
+    Temporal's id reuse and conflict policies deciding atomically on the server. Returns the
+    description of the run attached to, ``None`` when a new run started."""
+    if run_id is not None:
+        try:
+            existing: WorkflowExecutionDescription | None = await get_run(
+                client, run_id
+            ).workflow.describe()
+        except RPCError:
+            existing = None
+        if if_exists is IfExists.restart:
+            policies = {
+                "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                "id_conflict_policy": WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            }
+        else:
+            policies = {
+                "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING
+                if if_exists is IfExists.attach else WorkflowIDConflictPolicy.FAIL,
+            }
+    else:
+        existing, policies = None, {}
+    try:
+        handle = await start_run(
+            client, agent, prompt, task_queue=task_queue, id=run_id, max_turns=max_turns,
+            **policies,
+        )
+    except WorkflowAlreadyStartedError:
+        assert run_id is not None
+        existing = await get_run(client, run_id).workflow.describe()
+        if if_exists is IfExists.fail:
+            raise RelaykitError(
+                f"a run with id {run_id!r} already exists ({_status_word(existing)})",
+                hint="--if-exists attach returns it, --if-exists restart starts it anew",
+            ) from None
+        return get_run(client, run_id), existing
+    if if_exists is IfExists.attach and existing is not None and _is_open(existing):
+        return handle, existing
+    return handle, None
+
+
+def _activity_line(description: WorkflowExecutionDescription) -> str:
+    pending = list(description.raw_description.pending_activities)
+    if not pending:
+        return ""
+    now = time.time()
+    parts = []
+    for activity in pending:
+        since = activity.last_started_time if activity.HasField("last_started_time") else (
+            activity.scheduled_time
+        )
+        seconds = max(0, int(now - since.ToSeconds())) if since.seconds else 0
+        parts.append(f"{activity.activity_type.name} {seconds}s")
+    return " · " + ", ".join(parts)
+
+
+async def _status_line(handle: RunHandle) -> str | None:
+    """One line: agent, turn, and the activities in progress with how long they have run."""
+    try:
+        state = await asyncio.wait_for(handle.state(), timeout=2.0)
+        description = await asyncio.wait_for(handle.workflow.describe(), timeout=2.0)
+    except Exception:  # noqa: BLE001 - a slow or absent worker: keep the last line
+        return None
+    if state.status == "waiting_approval":
+        status = f" · waiting for approval (relaykit pending {handle.id})"
+    else:
+        status = "" if state.status == "running" else f" · {state.status}"
+    return f"{state.agent} · turn {state.turn}{status}{_activity_line(description)}"
+
+
+async def _wait_for_result(handle: RunHandle, task_queue: str) -> RunResult:
+    """Wait for the run's result. On a terminal, a live status line says what the run is
+    doing; anywhere, a run no worker serves is said to wait for one."""
+    result_task = asyncio.ensure_future(handle.result())
+    live = err_console.is_terminal
+    began = time.monotonic()
+    worker_checked = False
+    status = err_console.status("waiting for the run to start…") if live else nullcontext()
+    try:
+        with status:
+            while True:
+                await asyncio.wait({result_task}, timeout=1.0)
+                if result_task.done():
+                    break
+                if not worker_checked and time.monotonic() - began >= NO_WORKER_AFTER:
+                    worker_checked = True
+                    try:
+                        served = await task_queue_has_worker(handle.client, task_queue)
+                    except RPCError:
+                        served = True  # no permission to describe queues: say nothing
+                    if not served:
+                        err_console.print(
+                            f"[yellow]warning:[/yellow] {_no_worker_message(task_queue)}",
+                            highlight=False,
+                        )
+                if live:
+                    line = await _status_line(handle)
+                    if line is not None and hasattr(status, "update"):
+                        status.update(line)
+    finally:
+        if not result_task.done():
+            result_task.cancel()
+    return result_task.result()
 
 
 @app.command()
@@ -175,17 +409,43 @@ async def run(
     as_json: JsonOpt = False,
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     run_id: Annotated[str | None, typer.Option("--id", help="Workflow id for the run")] = None,
+    if_exists: Annotated[
+        IfExists,
+        typer.Option(
+            "--if-exists",
+            help="When a run with --id exists: attach (running: follow it; closed: print its "
+            "result), fail, or restart (terminate a running one, then start anew)",
+        ),
+    ] = IfExists.attach,
     max_turns: Annotated[int, typer.Option(help="Stop after this many model turns")] = 50,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Start a run; print its id (or, with --wait, its result)."""
+    """Start a run; print its id (and, with --wait, then its result)."""
+    _text_arg(prompt, "prompt")
+    _text_arg(agent, "agent name")
+    _text_arg(run_id, "run id")
     client = await _client(address, namespace)
-    handle = await start_run(
-        client, agent, prompt, task_queue=task_queue, id=run_id, max_turns=max_turns
+    handle, existing = await _start_or_attach(
+        client, agent, prompt, task_queue=task_queue, run_id=run_id, max_turns=max_turns,
+        if_exists=if_exists,
     )
+    if existing is not None:
+        queue = existing.task_queue or task_queue
+        if not _is_open(existing):
+            err_console.print(
+                f"run {handle.id} already exists and is closed ({_status_word(existing)}); "
+                "its result:", highlight=False,
+            )
+            _print_result(await handle.result(), as_json)
+            return
+        err_console.print(f"run {handle.id} is already running: attached to it", highlight=False)
+    else:
+        queue = task_queue
     if wait:
-        _print_result(await handle.result(), as_json)
+        err_console.print(f"run [bold]{handle.id}[/bold]  {ui_url(handle.id, client.namespace)}",
+                          highlight=False)
+        _print_result(await _wait_for_result(handle, queue), as_json)
         return
     try:  # surface immediate failures (an agent the worker does not serve) as an error
         await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
@@ -229,7 +489,15 @@ async def pending(
     namespace: NamespaceOpt = None,
 ) -> None:
     """List the tool calls of a run waiting for approval."""
-    handle = await _handle(run_id, address, namespace)
+    handle, description = await _described(run_id, address, namespace)
+    if not _is_open(description):  # a closed run's state still lists what it waited for
+        if as_json:
+            print("[]")
+        err_console.print(
+            f"run {run_id} is closed ({_status_word(description)}): nothing waits for approval",
+            highlight=False,
+        )
+        return
     approvals = await handle.pending_approvals()
     if as_json:
         print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
@@ -251,7 +519,8 @@ async def approve(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Approve (or --reject) a tool call waiting for a person."""
-    handle = await _handle(run_id, address, namespace)
+    _text_arg(reason, "reason")
+    handle, _ = await _open_handle(run_id, address, namespace, "answer approvals")
     item = await handle.approve(call_id, approved=not reject, reason=reason)
     print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
 
@@ -265,7 +534,8 @@ async def send(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Inject a user message into a running run."""
-    handle = await _handle(run_id, address, namespace)
+    _text_arg(text, "message")
+    handle, _ = await _open_handle(run_id, address, namespace, "take messages")
     await handle.send_message(text)
     print("queued")
 
@@ -278,7 +548,8 @@ async def pause(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Pause a run at its next turn boundary."""
-    await (await _handle(run_id, address, namespace)).pause()
+    handle, _ = await _open_handle(run_id, address, namespace, "pause")
+    await handle.pause()
     print("pause requested")
 
 
@@ -291,7 +562,9 @@ async def resume(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Resume a paused run, optionally with a message."""
-    await (await _handle(run_id, address, namespace)).resume(text)
+    _text_arg(text, "message")
+    handle, _ = await _open_handle(run_id, address, namespace, "resume")
+    await handle.resume(text)
     print("resumed")
 
 
@@ -302,9 +575,45 @@ async def cancel(
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Cancel a run (and its child runs and in-flight activities)."""
-    await (await _handle(run_id, address, namespace)).cancel()
-    print("cancel requested")
+    """Cancel a run (and its child runs and in-flight activities); the run ends at its next
+    step, so a worker must serve it (`relaykit terminate` ends it without one)."""
+    handle, description = await _open_handle(run_id, address, namespace, "cancel")
+    await handle.cancel()
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if not await task_queue_has_worker(handle.client, queue):
+        raise RelaykitError(
+            f"cancel requested, but no worker polls task queue {queue!r}, so nothing can act "
+            "on it until one does",
+            hint=f"`relaykit terminate {run_id}` ends the run now",
+        )
+    try:  # a served run ends within moments; say how
+        await asyncio.wait_for(asyncio.shield(handle.workflow.result()), timeout=CANCEL_WAIT)
+    except Exception:  # noqa: BLE001 - cancelled, failed or still running: describe says
+        pass
+    after = await handle.workflow.describe()
+    if not _is_open(after):
+        print(f"run {run_id} {_status_word(after)}")
+        return
+    print("cancel requested: the run stops at its next step")
+
+
+CANCEL_WAIT = 5.0
+"""Seconds ``cancel`` waits to report the run's end."""
+
+
+@app.command()
+@command
+async def terminate(
+    run_id: RunIdArg,
+    reason: Annotated[str | None, typer.Option(help="Why (kept in the run's history)")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """End a run at once, without running its cleanup (no worker needed); prefer `cancel`."""
+    _text_arg(reason, "reason")
+    handle, _ = await _open_handle(run_id, address, namespace, "terminate")
+    await handle.workflow.terminate(reason=reason or "terminated with `relaykit terminate`")
+    print(f"run {run_id} terminated")
 
 
 @app.command()
@@ -399,13 +708,37 @@ async def runs(
             hint="relaykit's search attributes must be registered on the namespace "
             "(see relaykit/search_attributes.py)",
         ) from None
+    await _live_tokens(client, rows)
     if as_json:
         print(json.dumps([row.to_json() for row in rows], indent=2))
         return
     if not rows:
         err_console.print("no runs")
         return
-    console.print(runs_table(rows))
+    table = runs_table(rows)
+    # Ids are what people copy into the next command: never shortened to fit the terminal.
+    run_column = table.columns[0]
+    run_column.no_wrap = True
+    run_column.min_width = max(len(row.id) + (2 if row.parent else 0) for row in rows)
+    wide = Console(width=max(console.width, run_column.min_width + 60), soft_wrap=True)
+    wide.print(table)
+
+
+LIVE_STATES = ("running", "waiting_approval", "paused")
+
+
+async def _live_tokens(client: Client, rows: list[Any]) -> None:
+    """The RelayTokens search attribute is written at status changes; an open run's own state
+    has its tokens as of its last turn (a run whose worker does not answer keeps the former)."""
+
+    async def refresh(row: Any) -> None:
+        try:
+            state = await asyncio.wait_for(get_run(client, row.id).state(), timeout=2.0)
+        except Exception:  # noqa: BLE001 - no worker, or a run closing meanwhile
+            return
+        row.tokens = state.usage.total_tokens
+
+    await asyncio.gather(*(refresh(row) for row in rows if row.status in LIVE_STATES))
 
 
 @app.command("codec-server")
@@ -504,7 +837,7 @@ def dev(
 
     try:
         asyncio.run(run_dev(target, port=port, ui_port=ui_port, data_dir=data_dir, task_queue=task_queue))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM
         err_console.print("stopped")
     except RelaykitError as exc:
         _fail(str(exc))
@@ -524,7 +857,7 @@ def demo(
 
     try:
         asyncio.run(run_demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM
         err_console.print("stopped")
     except RunFailed as exc:
         _fail(f"run failed ({exc.type or 'error'}): {exc.message}")

@@ -7,6 +7,7 @@ client or the ``temporal`` CLI; these only add types and clear errors.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -230,3 +231,33 @@ async def run(client: Client, agent: str | Agent, input: str, **options: Any) ->
     """Start a run and wait for its result."""
     handle = await start_run(client, agent, input, **options)
     return await handle.result()
+
+
+POLLER_FRESH_SECONDS = 120.0
+"""A poller seen this recently counts as a live worker (an idle worker re-polls about once a
+minute; the server keeps listing a stopped worker's pollers for minutes)."""
+
+
+async def task_queue_has_worker(client: Client, task_queue: str = DEFAULT_TASK_QUEUE) -> bool:
+    """Whether a worker has recently polled ``task_queue`` for workflow tasks.
+
+    A run on a queue nobody polls waits silently (Temporal keeps its task until a worker comes),
+    so callers use this to tell a person why nothing happens. It reads Temporal's
+    DescribeTaskQueue, which lists a queue's pollers."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    now = time.time()
+    return any(
+        not poller.HasField("last_access_time")
+        or now - poller.last_access_time.ToSeconds() < POLLER_FRESH_SECONDS
+        for poller in response.pollers
+    )

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from contextlib import AsyncExitStack
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
+from temporalio.client import Client
 
 from relaykit.client import connect, start_run
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
 from relaykit.runs import RunEvent
-from relaykit.testing.scripted_server import Responder, ScriptedModelServer
+from relaykit.agent import Agent
 from relaykit.loading import load_agents
+from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.worker import Worker
 
@@ -100,19 +105,58 @@ def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
         ) from None
 
 
+def load_all(targets: Sequence[str]) -> list[Agent]:
+    """The agents of several ``MODULE[:ATTR]`` targets, each once."""
+    agents: list[Agent] = []
+    for target in targets:
+        agents.extend(a for a in load_agents(target) if all(a is not b for b in agents))
+    return agents
+
+
+def needs_default_model(agents: Sequence[Agent]) -> bool:
+    """Whether any agent reachable from ``agents`` has no model of its own."""
+    from relaykit.graph import AgentGraph
+
+    probe = AgentGraph.build(agents, default_model=ModelSpec(name="default"))
+    return any(agent.model is None for agent in probe.agents.values())
+
+
+OWN_MODELS = ModelChoice(None, "each agent's own (every agent names its model)")
+
+
+async def serve_default_model(
+    stack: AsyncExitStack,
+    targets: Sequence[str],
+    *,
+    scripted_responder: Responder | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[ModelSpec | None, ModelChoice]:
+    """The model that serves agents defined without one, for ``dev``, ``demo`` and ``worker``
+    alike (one resolution: :func:`choose_model`). When the choice is the scripted stand-in, its
+    server is started here (stopped by ``stack``) and answers with the modules' own stand-ins.
+    When every agent names its model, nothing is resolved (``None``)."""
+    if not needs_default_model(load_all(targets)):
+        return None, OWN_MODELS
+    choice = choose_model(None if env is None else dict(env))
+    if choice.spec is not None:
+        return choice.spec, choice
+    responder = scripted_responder or responder_for(targets)
+    scripted = ScriptedModelServer(fallback=responder).start()
+    stack.callback(scripted.stop)
+    spec = ModelSpec(
+        provider="openai", name=SCRIPTED_MODEL_NAME, base_url=f"{scripted.base_url}/v1"
+    )
+    return spec, choice
+
+
 async def _serve(
     stack: AsyncExitStack, target: str, port: int, ui_port: int, data_dir: str, task_queue: str,
-    scripted_responder: Responder,
+    scripted_responder: Responder | None,
 ) -> tuple[DevServer, Worker, ModelChoice]:
     agents = load_agents(target)
-    choice = choose_model()
-    spec = choice.spec
-    if spec is None:
-        scripted = ScriptedModelServer(fallback=scripted_responder).start()
-        stack.callback(scripted.stop)
-        spec = ModelSpec(
-            provider="openai", name=SCRIPTED_MODEL_NAME, base_url=f"{scripted.base_url}/v1"
-        )
+    spec, choice = await serve_default_model(
+        stack, [target], scripted_responder=scripted_responder
+    )
     console.print("starting the embedded Temporal server…")
     server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
     stack.callback(server.stop)
@@ -146,15 +190,75 @@ def find_scripted_responder(target: str) -> Responder | None:
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
+def responder_for(targets: Sequence[str]) -> Responder:
+    """The scripted stand-in for the agents of ``targets``: each module's own
+    (:func:`find_scripted_responder`), else the echo rule. With several modules, a request goes
+    to the module whose agent's instructions open its system prompt."""
     from relaykit.testing.scripted_server import echo
 
+    found: list[tuple[list[str], Responder]] = []
+    for target in targets:
+        responder = find_scripted_responder(target)
+        if responder is None:
+            continue
+        prompts = [
+            agent.instructions for agent in load_agents(target)
+            if isinstance(agent.instructions, str) and agent.instructions
+        ]
+        found.append((prompts, responder))
+    if not found:
+        return echo
+    if len(found) == 1:
+        return found[0][1]
+
+    def dispatch(request: ScriptedRequest) -> Step:
+        system = request.system
+        for prompts, responder in found:
+            if any(prompt in system for prompt in prompts):
+                return responder(request)
+        return echo(request)
+
+    return dispatch
+
+
+def stop_on_sigterm() -> None:
+    """Treat SIGTERM (a process manager, ``kill``, a closed terminal tab) like Ctrl-C: cancel the
+    running command so its exit stack stops the embedded server and the worker. Python's default
+    for SIGTERM ends the process at once and would leave the server holding the ports."""
+    task = asyncio.current_task()
+    if task is None or os.name == "nt":
+        return
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+
+async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
     load_agents(target)  # a clear error for a bad module before anything starts
-    responder = find_scripted_responder(target) or echo
+    stop_on_sigterm()
     async with AsyncExitStack() as stack:
-        await _serve(stack, target, port, ui_port, data_dir, task_queue, responder)
+        await _serve(stack, target, port, ui_port, data_dir, task_queue, None)
         console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
         await asyncio.Event().wait()
+
+
+async def run_worker(
+    targets: Sequence[str],
+    *,
+    client: Client,
+    task_queue: str,
+    **worker_options: Any,
+) -> None:
+    """``relaykit worker`` and the repository's ``worker.py``: serve the agents of ``targets``
+    against an existing Temporal server, with the model :func:`serve_default_model` picks."""
+    agents = load_all(targets)
+    async with AsyncExitStack() as stack:
+        spec, choice = await serve_default_model(stack, targets)
+        served = Worker(client, agents, task_queue=task_queue, default_model=spec, **worker_options)
+        console.print(f"model: [bold]{choice.label}[/bold]")
+        console.print(
+            f"worker on task queue [bold]{task_queue}[/bold] serving: "
+            + ", ".join(sorted(served.graph.agents))
+        )
+        await served.run()
 
 
 async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None) -> None:
@@ -162,6 +266,7 @@ async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None)
     from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
 
     task_queue = "relaykit-demo"
+    stop_on_sigterm()
     async with AsyncExitStack() as stack:
         server, worker, choice = await _serve(
             stack, "examples.demo:travel_assistant", port, ui_port, data_dir, task_queue,

@@ -44,7 +44,9 @@ def sandbox_runner(*extra_passthrough: str) -> SandboxedWorkflowRunner:
 
 def default_model_from_env() -> ModelSpec | None:
     value = os.environ.get("RELAYKIT_MODEL")
-    return parse_model(value) if value else None
+    # "scripted" names the CLI's stand-in (a server `relaykit worker`/`dev` start), not a model
+    # an OpenAI-compatible endpoint serves; relaykit.dev.serve_default_model resolves it.
+    return parse_model(value) if value and value != "scripted" else None
 
 
 class Worker:

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import boto3
 import yaml
+from moto.server import ThreadedMotoServer
 
 from relaykit import search_attributes
 
@@ -170,3 +172,92 @@ def test_worker_stores_in_minio(services: dict[str, Any]) -> None:
     assert env["AWS_SECRET_ACCESS_KEY"] == environment(services["minio"])["MINIO_ROOT_PASSWORD"]
     assert worker["depends_on"]["minio-setup"]["condition"] == "service_completed_successfully"
     assert set(services["minio"]["profiles"]) >= set(worker["profiles"])
+
+
+# --- the worker service, run without Docker ---------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolate(value: str, shell: dict[str, str]) -> str:
+    """Compose's ``${VAR:-default}`` substitution from the shell's environment."""
+    return _INTERPOLATION.sub(lambda m: shell.get(m.group(1)) or (m.group(2) or ""), value)
+
+
+def test_the_compose_worker_service_serves_a_run_with_the_scripted_model(
+    services: dict[str, Any], temporal_server: Any, tmp_path: Path
+) -> None:
+    # The worker service's exact command (the image's CMD) and environment, as compose would
+    # pass them from a shell that only sets RELAYKIT_MODEL=scripted; the address points at the
+    # test server instead of the compose network's `temporal:7233`.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    service = services["worker"]
+    dockerfile = service["build"]["dockerfile_inline"]
+    command = json.loads(re.search(r"^CMD\s+(\[.*\])\s*$", dockerfile, re.MULTILINE).group(1))
+    image_env = dict(re.findall(r"^ENV\s+(\w+)=(\S+)", dockerfile, re.MULTILINE))
+    assert command[0] == "relaykit"
+    command[0] = str(Path(sys.executable).with_name("relaykit"))
+    shell = {"RELAYKIT_MODEL": "scripted"}
+    env = {key: interpolate(value, shell) for key, value in environment(service).items()}
+    assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
+    env["TEMPORAL_ADDRESS"] = temporal_server.address
+    repo = str(COMPOSE_FILE.parent)
+    env["PYTHONPATH"] = image_env["PYTHONPATH"].replace("/app", repo)
+    # The store's S3 endpoint likewise: moto's S3 server stands in for the MinIO service, with
+    # the bucket minio-setup creates and the credentials the service passes.
+    assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    s3_server.start()
+    endpoint = f"http://127.0.0.1:{s3_server._port}"
+    env["AWS_ENDPOINT_URL"] = endpoint
+    s3 = boto3.client(
+        "s3", endpoint_url=endpoint, region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    bucket = env["RELAYKIT_STORE"].removeprefix("s3://").split("/", 1)[0]
+    s3.create_bucket(Bucket=bucket)
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    worker = subprocess.Popen(
+        command, cwd=tmp_path, env={**base, **env}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "relaykit.cli", "run", "triage", "I was charged twice",
+             "--wait"],
+            cwd=repo, env={**os.environ, "TEMPORAL_ADDRESS": temporal_server.address,
+                           "NO_COLOR": "1"},
+            capture_output=True, text=True, timeout=90,
+        )
+        stored = s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+    finally:
+        worker.terminate()
+        _, worker_log = worker.communicate(timeout=20)
+        s3_server.stop()
+    assert done.returncode == 0, done.stderr + worker_log
+    assert stored > 0  # the run's transcript went to the bucket, not to the worker's disk
+    assert not any(tmp_path.rglob("*")), "the worker wrote to its own disk"
+    assert "You were charged twice" in done.stdout
+    assert "agent billing" in done.stderr
+    assert "scripted stand-in model (RELAYKIT_MODEL=scripted" in worker_log
+    assert "openai:scripted" not in worker_log
+
+
+def test_the_compose_worker_passes_the_model_settings_on(services: dict[str, Any]) -> None:
+    env = environment(services["worker"])
+    for name in ("RELAYKIT_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
+                 "ANTHROPIC_BASE_URL"):
+        assert env.get(name) == f"${{{name}:-}}", name

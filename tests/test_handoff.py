@@ -7,6 +7,7 @@ agent that made it (and to the system prompt it was built with).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import uuid
@@ -698,3 +699,32 @@ async def test_triage_example_routes_to_billing_and_support_end_to_end(
     assert supported.final_agent == "support"
     assert "degraded" in supported.output
     assert [e.data["to"] for e in support_events if e.kind == "handoff"] == ["support"]
+
+
+async def test_the_on_handoff_activity_result_reads_source_to_target_in_the_ui(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The Temporal UI shows the activity's result; it names the two agents instead of a
+    # binary/null payload.
+    billing = agent(model_server, "billing")
+    triage = agent(model_server, "triage", handoffs=[
+        Handoff(billing, on_handoff=lambda args, data: None),
+    ])
+    model_server.script(model_name(triage), [call("transfer_to_billing", reason="refund")])
+    model_server.script(model_name(billing), [text("done")])
+    async with serving(client, triage) as worker:
+        handle = await start_run(client, triage, "refund please", task_queue=worker.task_queue)
+        await handle.result()
+    events = await history_events(handle.workflow)
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    [payload] = [
+        e.activity_task_completed_event_attributes.result.payloads[0]
+        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
+        == "transfer_to_billing"
+    ]
+    assert payload.metadata["encoding"] == b"json/plain"
+    assert json.loads(payload.data) == {"handoff": "triage → billing"}

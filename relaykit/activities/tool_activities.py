@@ -42,7 +42,10 @@ def handoff_activity(handoff: Handoff) -> Callable[..., Any]:
     callback = handoff.on_handoff
     assert callback is not None
 
-    async def run_callback(data: HandoffCallbackInput) -> None:
+    async def run_callback(data: HandoffCallbackInput) -> dict[str, str]:
+        # The result is what the Temporal UI shows for this activity (None would show as an
+        # opaque binary/null payload); the workflow ignores it, so old histories whose result
+        # is None replay unchanged.
         args = HandoffArgs(reason=data.reason)
         try:
             if inspect.iscoroutinefunction(callback):
@@ -55,6 +58,7 @@ def handoff_activity(handoff: Handoff) -> Callable[..., Any]:
             raise ApplicationError(
                 f"on_handoff raised {type(exc).__name__}: {exc}", non_retryable=True
             ) from exc
+        return {"handoff": f"{data.source} → {data.target}"}
 
     run_callback.__name__ = f"on_{handoff.tool_name}"
     return activity.defn(name=handoff.tool_name)(run_callback)
