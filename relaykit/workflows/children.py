@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+import re
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError, is_cancelled_exception
 from temporalio.workflow import ParentClosePolicy
@@ -36,7 +38,18 @@ from relaykit.runs import (
     RunResult,
     SubagentTask,
 )
-from relaykit.subagents import DEFAULT_INSTRUCTIONS, Subagents
+from relaykit.subagents import (
+    DEFAULT_INSTRUCTIONS,
+    DETACHED_INSTRUCTIONS,
+    MAX_WAIT_SECONDS,
+    SUBAGENT_ARGUMENTS,
+    CancelSubagentArgs,
+    SendToSubagentArgs,
+    SpawnSubagentArgs,
+    Subagents,
+    WaitSubagentsArgs,
+)
+from relaykit.tools import _validation_message
 
 if TYPE_CHECKING:
     from relaykit.workflows.loop import TurnLoop
@@ -48,63 +61,86 @@ CANCEL_WAIT = timedelta(seconds=60)
 
 SUBAGENT_TOOLS = ("spawn_subagent", "wait_subagents", "cancel_subagent", "send_to_subagent")
 
-
-def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
+# Patches (docs/replay.md): each marks a change in the commands a run issues, so that runs
+# recorded before it replay the old way.
+AGENT_TOOL_ID_PATCH = "relaykit-agent-tool-id-by-name"
+"""Agent-as-tool children are named ``<parent>/<agent>-<n>`` (before: ``<parent>/<call id>``)."""
+BOUNDED_WAIT_PATCH = "relaykit-bounded-subagent-wait"
+"""``wait_subagents`` validates its arguments, does not wait for ``timeout_seconds: 0`` and
+starts no timer when nothing runs (before: ``or 60`` and no bound)."""
+CHILD_CANCEL_PATCH = "relaykit-agent-tool-cancel-reaches-parent"
+"""An agent-tool child that cancels its own run cancels the parent (before: the parent failed)."""
 
 
 def subagent_tool_specs(capability: Subagents, agents: list[Agent]) -> list[ToolSpec]:
-    names = [a.name for a in agents]
-    agent_property: dict[str, Any] = {
+    """The tools the model sees; their schemas come from the pydantic models that validate the
+    arguments (:mod:`relaykit.subagents`), so the bounds shown are the bounds enforced."""
+    spawn = SpawnSubagentArgs.parameters()
+    spawn["properties"]["agent"] = {
         "type": "string",
-        "enum": names,
+        "enum": [a.name for a in agents],
         "description": "Which subagent runs the task: "
         + "; ".join(f"{a.name}: {a.description or 'general'}" for a in agents),
     }
-    return [
+    specs = [
         ToolSpec(
             name="spawn_subagent",
             description="Start a background task and return its id at once. At most "
             f"{capability.max_concurrent} tasks run at a time.",
-            parameters=_object(
-                {
-                    "prompt": {
-                        "type": "string",
-                        "description": "A complete task; the subagent cannot see this conversation.",
-                    },
-                    "agent": agent_property,
-                },
-                ["prompt"],
-            ),
+            parameters=spawn,
         ),
+    ]
+    if capability.detached:  # reports go elsewhere: nothing to wait for, cancel or steer here
+        return specs
+    return [
+        *specs,
         ToolSpec(
             name="wait_subagents",
             description="Wait until the given tasks (default: all running) finish or the timeout "
-            "passes; returns the reports that are ready.",
-            parameters=_object(
-                {
-                    "ids": {"type": "array", "items": {"type": "string"}},
-                    "timeout_seconds": {"type": "number", "default": 60},
-                },
-                [],
-            ),
+            f"passes (at most {MAX_WAIT_SECONDS:g} s; 0 = don't wait); returns the reports that "
+            "are ready and says which tasks still run.",
+            parameters=WaitSubagentsArgs.parameters(),
         ),
         ToolSpec(
             name="cancel_subagent",
             description="Cancel a running background task; it will produce no report.",
-            parameters=_object({"id": {"type": "string"}}, ["id"]),
+            parameters=CancelSubagentArgs.parameters(),
         ),
         ToolSpec(
             name="send_to_subagent",
             description="Send a message to a running task; it reads it at its next turn.",
-            parameters=_object({"id": {"type": "string"}, "message": {"type": "string"}}, ["id", "message"]),
+            parameters=SendToSubagentArgs.parameters(),
         ),
     ]
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def truncate_report(text: str, limit: int) -> str:
+    """Keep the head and the tail of a long report (its end is usually the conclusion), with a
+    marker in the middle saying how much was dropped."""
+    if len(text) <= limit:
+        return text
+    head = limit - limit // 2
+    tail = limit // 2
+    dropped = len(text) - head - tail
+    return (
+        text[:head]
+        + f"\n[… report truncated: {dropped} characters dropped from the middle …]\n"
+        + (text[-tail:] if tail else "")
+    )
+
+
+def _child_name(agent_name: str) -> str:
+    """The agent's name as a workflow-id segment: no slashes or whitespace, bounded length."""
+    return re.sub(r"[\s/]+", "_", agent_name).strip("_")[:64] or "agent"
 
 
 class Children:
@@ -117,6 +153,8 @@ class Children:
         self.handles: dict[str, Any] = {}
         """Child handles of tasks started by this workflow run (not those of earlier runs of a
         run that continued as new): awaiting one waits until that child has really closed."""
+        self._child_ids: dict[int, str] = {}
+        """Agent-tool child ids named in ``tool_call`` events, by call object, until started."""
 
     @property
     def state(self) -> Any:
@@ -124,12 +162,30 @@ class Children:
 
     # --- agent as tool --------------------------------------------------------------------------
 
+    def agent_tool_workflow_id(self, entry: AgentTool, call: ToolCall) -> str:
+        """The child workflow id for this call: ``<parent id>/<agent name>-<n>``, readable in the
+        Temporal UI and unique within the run whatever call ids the provider sends. Called once
+        per call, where the ``tool_call`` event names it; :meth:`run_agent_tool` uses the same."""
+        known = self._child_ids.get(id(call))
+        if known is not None:
+            return known
+        parent = workflow.info().workflow_id
+        if workflow.patched(AGENT_TOOL_ID_PATCH):
+            self.state.agent_tools_started += 1
+            child_id = f"{parent}/{_child_name(entry.agent.name)}-{self.state.agent_tools_started}"
+        else:  # recorded before the ids carried the agent's name
+            child_id = f"{parent}/{call.id}"
+        self._child_ids[id(call)] = child_id
+        return child_id
+
     async def run_agent_tool(self, entry: AgentTool, call: ToolCall) -> Message:
         """Run the sub-agent as a child workflow and wait; its output is the tool result."""
         loop = self.loop
+        child_id = self.agent_tool_workflow_id(entry, call)
+        self._child_ids.pop(id(call), None)
         try:
             prompt = json.loads(call.arguments or "{}").get("input")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             prompt = None
         if not isinstance(prompt, str) or not prompt.strip():
             return loop.tool_message(
@@ -151,7 +207,7 @@ class Children:
             result: RunResult = await workflow.execute_child_workflow(
                 loop.workflow_type,
                 child_input,
-                id=f"{info.workflow_id}/{call.id}",
+                id=child_id,
                 result_type=RunResult,
                 task_queue=info.task_queue,
                 static_summary=f"{entry.agent.name} (asked by {self.state.agent}): {prompt[:120]}",
@@ -159,6 +215,8 @@ class Children:
             )
         except ChildWorkflowError as exc:
             if is_cancelled_exception(exc):
+                if workflow.cancellation_reason() is None and workflow.patched(CHILD_CANCEL_PATCH):
+                    await self._cancel_own_run(entry, child_id)
                 raise
             loop.add_usage(loop.usage_from_failure(exc.cause))
             detail = getattr(exc.cause, "message", None) or str(exc)
@@ -168,6 +226,23 @@ class Children:
         loop.add_usage(result.usage)
         content = result.output if isinstance(result.output, str) else json.dumps(result.output)
         return loop.tool_message(call, content)
+
+    async def _cancel_own_run(self, entry: AgentTool, child_id: str) -> None:
+        """The child was cancelled from inside (one of its tools cancelled its run), not by us:
+        as with lovia's shared cancel token, one cancel stops the whole tree, so this run is
+        cancelled too. The request goes through the server so that the run ends CANCELLED (a
+        workflow can only end so when a cancellation was requested of it)."""
+        self.loop.emit(
+            "error",
+            {
+                "kind": "child_cancelled",
+                "message": f"the {entry.agent.name} agent's run ({child_id}) was cancelled; "
+                "cancelling this run too",
+            },
+        )
+        await workflow.get_external_workflow_handle(workflow.info().workflow_id).cancel()
+        # The request comes back as this run's own cancellation, which cancels the wait.
+        await workflow.wait_condition(lambda: False, timeout=CANCEL_WAIT)
 
     # --- approvals crossing the agent-tool boundary ---------------------------------------------
 
@@ -221,51 +296,91 @@ class Children:
         return subagent_tool_specs(agent.subagents, self.agents_for(agent))
 
     def instructions(self, agent: Agent) -> str | None:
-        if agent.subagents is None:
+        capability = agent.subagents
+        if capability is None:
             return None
-        return agent.subagents.instructions or DEFAULT_INSTRUCTIONS
+        if capability.instructions:
+            return capability.instructions
+        return DETACHED_INSTRUCTIONS if capability.detached else DEFAULT_INSTRUCTIONS
 
     def running(self) -> list[SubagentTask]:
         return [t for t in self.state.tasks.values() if t.status == "running"]
+
+    def _since(self, task: SubagentTask, now: datetime | None = None) -> str:
+        if task.started_at is None:
+            return ""
+        return f"running for {_elapsed(((now or workflow.now()) - task.started_at).total_seconds())}"
+
+    def _describe(self, task: SubagentTask, now: datetime | None = None) -> str:
+        """``task-1 (researcher, running for 2m 05s): "first words of its prompt"``."""
+        detail = [task.agent]
+        if task.status == "running":
+            detail.append(self._since(task, now) or "running")
+        else:
+            detail.append(task.status)
+        prompt = task.prompt if len(task.prompt) <= 60 else task.prompt[:59] + "…"
+        return f"{task.id} ({', '.join(d for d in detail if d)}): {json.dumps(prompt, ensure_ascii=False)}"
+
+    def _known(self) -> str:
+        if not self.state.tasks:
+            return "no task has been started yet"
+        return "known tasks: " + ", ".join(f"{t.id} ({t.status})" for t in self.state.tasks.values())
 
     async def run_tool(self, agent: Agent, call: ToolCall) -> Message:
         loop = self.loop
         capability = agent.subagents
         if capability is None:
             return loop.tool_message(call, f"Unknown tool {call.name!r}.", is_error=True)
-        try:
-            args = json.loads(call.arguments or "{}")
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
-        except ValueError as exc:
-            return loop.tool_message(call, f"Invalid arguments for {call.name}: {exc}", is_error=True)
-        if call.name == "spawn_subagent":
-            return await self._spawn(agent, capability, call, args)
         if call.name == "wait_subagents":
-            return await self._wait(call, args)
-        if call.name == "cancel_subagent":
-            return await self._cancel(call, str(args.get("id", "")))
+            return await self._wait(capability, call)
+        if capability.detached and call.name != "spawn_subagent":
+            return loop.tool_message(
+                call,
+                f"{call.name} is not available: background tasks here are detached, their "
+                "reports are delivered elsewhere. Only spawn_subagent is available.",
+                is_error=True,
+            )
+        args = self._parse(call)
+        if isinstance(args, Message):
+            return args
+        if isinstance(args, SpawnSubagentArgs):
+            return await self._spawn(agent, capability, call, args)
+        if isinstance(args, CancelSubagentArgs):
+            return await self._cancel(call, args.id)
+        assert isinstance(args, SendToSubagentArgs)
         return await self._send(call, args)
 
+    def _parse(self, call: ToolCall) -> Any:
+        """The call's arguments as their pydantic model, or the error result the model reads."""
+        try:
+            return SUBAGENT_ARGUMENTS[call.name].model_validate_json(call.arguments or "{}")
+        except ValidationError as exc:
+            text = _validation_message(call.name, exc)
+        except (ValueError, RecursionError) as exc:  # not expected from pydantic; never fatal
+            text = f"Invalid arguments for tool {call.name!r}: {exc}. Fix them and call it again."
+        return self.loop.tool_message(call, text, is_error=True)
+
     async def _spawn(
-        self, agent: Agent, capability: Subagents, call: ToolCall, args: dict[str, Any]
+        self, agent: Agent, capability: Subagents, call: ToolCall, args: SpawnSubagentArgs
     ) -> Message:
         loop = self.loop
-        prompt = args.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            return loop.tool_message(call, 'spawn_subagent needs a "prompt".', is_error=True)
+        prompt = args.prompt
         choices = {a.name: a for a in self.agents_for(agent)}
-        name = args.get("agent") or next(iter(choices))
+        name = args.agent or next(iter(choices))
         target = choices.get(name)
         if target is None:
             return loop.tool_message(
                 call, f"No subagent named {name!r}; choose one of: {', '.join(choices)}.", is_error=True
             )
-        if len(self.running()) >= capability.max_concurrent:
+        running = self.running()
+        if len(running) >= capability.max_concurrent:
+            now = workflow.now()
             return loop.tool_message(
                 call,
-                f"Refused: {capability.max_concurrent} tasks are already running; wait for or "
-                "cancel one first.",
+                f"Refused: {len(running)} of at most {capability.max_concurrent} tasks are "
+                "already running: "
+                + "; ".join(self._describe(t, now) for t in running)
+                + ". Wait for one with wait_subagents or cancel one with cancel_subagent first.",
                 is_error=True,
             )
         info = workflow.info()
@@ -274,7 +389,13 @@ class Children:
         child_id = f"{info.workflow_id}/{task_id}"
         # Registered before the start is awaited: spawns of the same turn run concurrently and
         # each must see the others when checking max_concurrent.
-        task = SubagentTask(id=task_id, agent=target.name, workflow_id=child_id, prompt=prompt[:200])
+        task = SubagentTask(
+            id=task_id,
+            agent=target.name,
+            workflow_id=child_id,
+            prompt=prompt[:200],
+            started_at=workflow.now(),
+        )
         self.state.tasks[task_id] = task
         target_wf = capability.deliver_to_workflow if capability.detached else info.workflow_id
         handle = await workflow.start_child_workflow(
@@ -316,37 +437,120 @@ class Children:
             call, json.dumps({"id": task_id, "agent": target.name, "status": "running"})
         )
 
-    async def _wait(self, call: ToolCall, args: dict[str, Any]) -> Message:
-        ids = args.get("ids") or [t.id for t in self.running()]
-        unknown = [i for i in ids if i not in self.state.tasks]
-        if unknown:
-            return self.loop.tool_message(call, f"Unknown task ids: {', '.join(unknown)}.", is_error=True)
-        timeout = float(args.get("timeout_seconds") or 60)
-        try:
-            await workflow.wait_condition(
-                lambda: all(self.state.tasks[i].status != "running" for i in ids),
-                timeout=max(timeout, 0.001),
+    async def _wait(self, capability: Subagents, call: ToolCall) -> Message:
+        loop = self.loop
+        legacy = not workflow.patched(BOUNDED_WAIT_PATCH)
+        if legacy:  # replaying a run recorded before waits were bounded: same timers as then
+            old = _legacy_wait(call.arguments, self.running())
+            if old is not None:
+                ids, timeout = old
+                if all(i in self.state.tasks for i in ids):
+                    timed_out = False
+                    try:
+                        await workflow.wait_condition(
+                            lambda: all(self.state.tasks[i].status != "running" for i in ids),
+                            timeout=timeout,
+                        )
+                    except asyncio.TimeoutError:
+                        timed_out = True
+                    return self._collect(call, ids, waited=timeout, timed_out=timed_out)
+        if capability.detached:
+            return loop.tool_message(
+                call,
+                "wait_subagents is not available: background tasks here are detached, their "
+                "reports are delivered elsewhere. Give your answer without waiting.",
+                is_error=True,
             )
-        except asyncio.TimeoutError:
-            pass
-        reports = []
+        args = self._parse(call)
+        if isinstance(args, Message):
+            return args
+        tasks = self.state.tasks
+        if args.ids:
+            ids = list(dict.fromkeys(args.ids))
+            unknown = [i for i in ids if i not in tasks]
+            if unknown:
+                return loop.tool_message(
+                    call,
+                    f"Unknown task id{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}; "
+                    f"{self._known()}.",
+                    is_error=True,
+                )
+        else:
+            ids = [
+                t.id for t in tasks.values()
+                if t.status == "running" or (t.report is not None and not t.delivered)
+            ]
+            if not ids:
+                return loop.tool_message(call, self._nothing_to_wait_for())
+        timed_out = False
+        if any(tasks[i].status == "running" for i in ids):
+            if args.timeout_seconds > 0:
+                try:
+                    await workflow.wait_condition(
+                        lambda: all(tasks[i].status != "running" for i in ids),
+                        timeout=args.timeout_seconds,
+                    )
+                except asyncio.TimeoutError:
+                    timed_out = True
+            else:
+                timed_out = True  # asked not to wait
+        return self._collect(call, ids, waited=args.timeout_seconds, timed_out=timed_out)
+
+    def _nothing_to_wait_for(self) -> str:
+        tasks = list(self.state.tasks.values())
+        if not tasks:
+            return "No tasks: none has been started with spawn_subagent."
+        finished = [t for t in tasks if t.status in ("finished", "failed")]
+        cancelled = [t for t in tasks if t.status == "cancelled"]
+        parts = ["No task is running and no report is waiting to be read."]
+        if finished:
+            parts.append(
+                "Finished: "
+                + ", ".join(f"{t.id} ({t.agent}, {t.status})" for t in finished)
+                + "; their reports were already delivered to you (each report is delivered "
+                "once), so look for them earlier in the conversation."
+            )
+        if cancelled:
+            parts.append(
+                "Cancelled (no report): " + ", ".join(f"{t.id} ({t.agent})" for t in cancelled) + "."
+            )
+        return " ".join(parts)
+
+    def _collect(
+        self, call: ToolCall, ids: list[str], *, waited: float, timed_out: bool
+    ) -> Message:
+        """The wait's result: ready reports (taken back from the turn-boundary queue, so each
+        is delivered once), what was already delivered or cancelled, and what still runs."""
+        now = workflow.now()
+        parts: list[str] = []
+        still: list[SubagentTask] = []
         for task_id in ids:
             task = self.state.tasks[task_id]
             if task.status == "running":
-                reports.append(f"[{task_id} · {task.agent}] still running")
+                still.append(task)
             elif task.report is not None and not task.delivered:
-                task.delivered = True  # taken back from the queue: never delivered twice
                 if task_id in self.state.report_queue:
                     self.state.report_queue.remove(task_id)
-                reports.append(self._render(task))
+                self._delivered(task, via="wait_subagents")
+                parts.append(self._render(task))
+            elif task.status == "cancelled":
+                parts.append(f"[{task_id} · {task.agent}] cancelled (no report)")
             else:
-                reports.append(f"[{task_id} · {task.agent}] {task.status} (report already delivered)")
-        return self.loop.tool_message(call, "\n\n".join(reports) or "No tasks.")
+                parts.append(f"[{task_id} · {task.agent}] {task.status} (report already delivered)")
+        if still:
+            running = "; ".join(self._describe(t, now) for t in still)
+            if timed_out and waited > 0:
+                parts.append(f"The wait timed out after {waited:g} s. Still running: {running}.")
+            else:
+                parts.append(f"Did not wait (timeout_seconds was 0). Still running: {running}.")
+        return self.loop.tool_message(call, "\n\n".join(parts))
 
     async def _cancel(self, call: ToolCall, task_id: str) -> Message:
         task = self.state.tasks.get(task_id)
         if task is None:
-            return self.loop.tool_message(call, f"Unknown task id {task_id!r}.", is_error=True)
+            return self.loop.tool_message(
+                call, f"Unknown task id {task_id!r}; {self._known()}.", is_error=True
+            )
         if task.status != "running":
             return self.loop.tool_message(call, f"Task {task_id} already {task.status}.")
         await self._request_cancel(task)
@@ -363,15 +567,16 @@ class Children:
             workflow.logger.info("cancel of %s: %s", task.workflow_id, exc)
         self.loop.emit("subagent_finished", {"id": task.id, "agent": task.agent, "status": "cancelled"})
 
-    async def _send(self, call: ToolCall, args: dict[str, Any]) -> Message:
-        task = self.state.tasks.get(str(args.get("id", "")))
-        message = args.get("message")
-        if task is None or not isinstance(message, str):
-            return self.loop.tool_message(call, "send_to_subagent needs a known id and a message.", is_error=True)
+    async def _send(self, call: ToolCall, args: SendToSubagentArgs) -> Message:
+        task = self.state.tasks.get(args.id)
+        if task is None:
+            return self.loop.tool_message(
+                call, f"Unknown task id {args.id!r}; {self._known()}.", is_error=True
+            )
         if task.status != "running":
             return self.loop.tool_message(call, f"Task {task.id} already {task.status}.", is_error=True)
         await workflow.get_external_workflow_handle(task.workflow_id).signal(
-            "send_message_signal", message
+            "send_message_signal", args.message
         )
         return self.loop.tool_message(call, f"Sent to {task.id}.")
 
@@ -388,10 +593,7 @@ class Children:
                 task.status = "cancelled"
             return  # cancelled by us (or by someone else): no report
         task.status = report.status
-        limit = self._capability_limit()
-        text = report.output or ""
-        if len(text) > limit:
-            text = text[:limit] + f"\n[… report truncated: {len(text) - limit} characters dropped]"
+        text = truncate_report(report.output or "", self._capability_limit())
         task.report = text if report.status == "finished" else f"FAILED: {text}"
         self.state.report_queue.append(task.id)
         self.loop.emit(
@@ -405,25 +607,38 @@ class Children:
     def _render(self, task: SubagentTask) -> str:
         return f"[{task.id} · {task.agent}] {task.status}:\n{task.report}"
 
+    def _delivered(self, task: SubagentTask, *, via: str) -> None:
+        task.delivered = True
+        self.loop.emit(
+            "report_delivered",
+            {"id": task.id, "agent": task.agent, "status": task.status, "via": via},
+        )
+
     def deliver_reports(self) -> None:
         """At a turn boundary: queued reports enter the conversation as user-side messages."""
         while self.state.report_queue:
             task = self.state.tasks[self.state.report_queue.pop(0)]
             if task.delivered:
                 continue
-            task.delivered = True
             self.state.transcript.append(
                 Message.user(f"Background task report {self._render(task)}")
             )
+            self._delivered(task, via="turn_boundary")
 
     def reminder(self) -> str | None:
-        """Status of background tasks, sent with each request but never saved."""
-        if not self.state.tasks:
+        """Status of running background tasks, sent with each request but never saved; gone
+        once no task runs."""
+        running = self.running()
+        if not running:
             return None
-        lines = [
-            f"- {t.id} ({t.agent}): {t.status}" + (" (report delivered)" if t.delivered and t.report else "")
-            for t in self.state.tasks.values()
-        ]
+        now = workflow.now()
+        lines = [f"- {self._describe(t, now)}" for t in running]
+        capability = self.loop.current_agent.subagents
+        if capability is None or not capability.detached:
+            lines.append(
+                "Do not give your final answer while tasks are running: collect their reports "
+                "with wait_subagents, or cancel the ones you no longer need with cancel_subagent."
+            )
         return "Background tasks:\n" + "\n".join(lines)
 
     async def close(self) -> None:
@@ -450,6 +665,22 @@ class Children:
                 )
             except asyncio.TimeoutError:
                 workflow.logger.warning("subagents did not confirm cancellation: %s", ids)
+
+
+def _legacy_wait(raw: str, running: list[SubagentTask]) -> tuple[list[str], float] | None:
+    """What ``wait_subagents`` waited for before its arguments were validated (ids, timeout), or
+    ``None`` where that code failed; used only to replay runs recorded back then."""
+    try:
+        args = json.loads(raw or "{}")
+        ids = args.get("ids") or [t.id for t in running]
+        timeout = float(args.get("timeout_seconds") or 60)
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return None
+        if timeout != timeout or timeout in (float("inf"), float("-inf")):
+            return None
+        return ids, max(timeout, 0.001)
+    except (ValueError, TypeError, AttributeError, RecursionError, OverflowError):
+        return None
 
 
 async def _signal(workflow_id: str, signal: str, payload: Any) -> None:
