@@ -69,7 +69,8 @@ BOUNDED_WAIT_PATCH = "relaykit-bounded-subagent-wait"
 """``wait_subagents`` validates its arguments, does not wait for ``timeout_seconds: 0`` and
 starts no timer when nothing runs (before: ``or 60`` and no bound)."""
 CHILD_CANCEL_PATCH = "relaykit-agent-tool-cancel-reaches-parent"
-"""An agent-tool child that cancels its own run cancels the parent (before: the parent failed)."""
+"""An agent-tool child that ends cancelled requests its parent's cancellation (before: a child
+cancelled from inside made the parent fail)."""
 
 
 def subagent_tool_specs(capability: Subagents, agents: list[Agent]) -> list[ToolSpec]:
@@ -215,8 +216,9 @@ class Children:
             )
         except ChildWorkflowError as exc:
             if is_cancelled_exception(exc):
-                if workflow.cancellation_reason() is None and workflow.patched(CHILD_CANCEL_PATCH):
-                    await self._cancel_own_run(entry, child_id)
+                # Either this run is being cancelled, or the child was cancelled from inside
+                # and asked for this run's cancellation first (see cancel_parent): both end
+                # this run cancelled.
                 raise
             loop.add_usage(loop.usage_from_failure(exc.cause))
             detail = getattr(exc.cause, "message", None) or str(exc)
@@ -227,22 +229,24 @@ class Children:
         content = result.output if isinstance(result.output, str) else json.dumps(result.output)
         return loop.tool_message(call, content)
 
-    async def _cancel_own_run(self, entry: AgentTool, child_id: str) -> None:
-        """The child was cancelled from inside (one of its tools cancelled its run), not by us:
-        as with lovia's shared cancel token, one cancel stops the whole tree, so this run is
-        cancelled too. The request goes through the server so that the run ends CANCELLED (a
-        workflow can only end so when a cancellation was requested of it)."""
-        self.loop.emit(
-            "error",
-            {
-                "kind": "child_cancelled",
-                "message": f"the {entry.agent.name} agent's run ({child_id}) was cancelled; "
-                "cancelling this run too",
-            },
-        )
-        await workflow.get_external_workflow_handle(workflow.info().workflow_id).cancel()
-        # The request comes back as this run's own cancellation, which cancels the wait.
-        await workflow.wait_condition(lambda: False, timeout=CANCEL_WAIT)
+    async def cancel_parent(self) -> None:
+        """This agent-tool child run is ending cancelled: cancel the parent that waits for it.
+
+        lovia's agent-as-tool child shares its parent's cancel token, so one cancel stops the
+        whole tree, also when it comes from inside the child (a tool cancelling its own run).
+        A workflow cannot request its own cancellation, so the child asks for its parent's
+        before it ends; the parent then sees its own cancellation ahead of the child's result
+        and ends CANCELLED rather than failed. When the parent was cancelled first, the request
+        changes nothing. Background subagents never do this: their end is a report."""
+        parent = self.loop.input.parent_workflow_id
+        if parent is None or self.loop.input.report_to is not None:
+            return
+        if not workflow.patched(CHILD_CANCEL_PATCH):
+            return
+        try:
+            await workflow.get_external_workflow_handle(parent).cancel()
+        except Exception as exc:  # noqa: BLE001 - the parent may have ended already
+            workflow.logger.info("cancel of parent %s: %s", parent, exc)
 
     # --- approvals crossing the agent-tool boundary ---------------------------------------------
 
