@@ -161,6 +161,14 @@ class SendToSubagentArgs(_Arguments):
     message: Text = Field(description="What to tell the task; it reads it at its next turn.")
 
 
+class AgentToolArgs(_Arguments):
+    """Arguments of an agent tool (``other.as_tool()``): the task for the child run."""
+
+    input: Text = Field(
+        description="The complete task for the agent; it cannot see this conversation."
+    )
+
+
 SUBAGENT_ARGUMENTS: dict[str, type[BaseModel]] = {
     "spawn_subagent": SpawnSubagentArgs,
     "wait_subagents": WaitSubagentsArgs,

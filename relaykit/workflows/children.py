@@ -40,6 +40,7 @@ from relaykit.runs import (
 )
 from relaykit.subagents import (
     DEFAULT_INSTRUCTIONS,
+    AgentToolArgs,
     DETACHED_INSTRUCTIONS,
     MAX_WAIT_SECONDS,
     SUBAGENT_ARGUMENTS,
@@ -185,13 +186,11 @@ class Children:
         child_id = self.agent_tool_workflow_id(entry, call)
         self._child_ids.pop(id(call), None)
         try:
-            prompt = json.loads(call.arguments or "{}").get("input")
-        except (ValueError, AttributeError, RecursionError):
-            prompt = None
-        if not isinstance(prompt, str) or not prompt.strip():
-            return loop.tool_message(
-                call, f'{entry.name} needs a string argument "input" with the task.', is_error=True
-            )
+            prompt = AgentToolArgs.model_validate_json(call.arguments or "{}").input
+        except ValidationError as exc:
+            # pydantic's parser also refuses what could not travel in the child's input
+            # (a lone surrogate in a string, say), which would fail every workflow task
+            return loop.tool_message(call, _validation_message(entry.name, exc), is_error=True)
         info = workflow.info()
         child_input = RunInput(
             agent=entry.agent.name,
