@@ -66,9 +66,10 @@ SUBAGENT_TOOLS = ("spawn_subagent", "wait_subagents", "cancel_subagent", "send_t
 # recorded before it replay the old way.
 AGENT_TOOL_ID_PATCH = "relaykit-agent-tool-id-by-name"
 """Agent-as-tool children are named ``<parent>/<agent>-<n>`` (before: ``<parent>/<call id>``)."""
-BOUNDED_WAIT_PATCH = "relaykit-bounded-subagent-wait"
-"""``wait_subagents`` validates its arguments, does not wait for ``timeout_seconds: 0`` and
-starts no timer when nothing runs (before: ``or 60`` and no bound)."""
+SUBAGENT_ARGS_PATCH = "relaykit-validated-subagent-tools"
+"""The subagent tools validate their arguments (before: read leniently, so some calls that are
+now refused started a child, cancelled or signalled one), and ``wait_subagents`` does not wait
+for ``timeout_seconds: 0`` and starts no timer when nothing runs (before: ``or 60``, no bound)."""
 CHILD_CANCEL_PATCH = "relaykit-agent-tool-cancel-reaches-parent"
 """An agent-tool child that ends cancelled requests its parent's cancellation (before: a child
 cancelled from inside made the parent fail)."""
@@ -334,16 +335,18 @@ class Children:
         capability = agent.subagents
         if capability is None:
             return loop.tool_message(call, f"Unknown tool {call.name!r}.", is_error=True)
+        legacy = not workflow.patched(SUBAGENT_ARGS_PATCH)
         if call.name == "wait_subagents":
-            return await self._wait(capability, call)
-        if capability.detached and call.name != "spawn_subagent":
+            return await self._wait(capability, call, legacy)
+        if capability.detached and call.name != "spawn_subagent" and not legacy:
             return loop.tool_message(
                 call,
                 f"{call.name} is not available: background tasks here are detached, their "
                 "reports are delivered elsewhere. Only spawn_subagent is available.",
                 is_error=True,
             )
-        args = self._parse(call)
+        # replaying a run recorded before validation: act on what the old code accepted
+        args = (legacy and _legacy_arguments(call.name, call.arguments)) or self._parse(call)
         if isinstance(args, Message):
             return args
         if isinstance(args, SpawnSubagentArgs):
@@ -440,9 +443,8 @@ class Children:
             call, json.dumps({"id": task_id, "agent": target.name, "status": "running"})
         )
 
-    async def _wait(self, capability: Subagents, call: ToolCall) -> Message:
+    async def _wait(self, capability: Subagents, call: ToolCall, legacy: bool) -> Message:
         loop = self.loop
-        legacy = not workflow.patched(BOUNDED_WAIT_PATCH)
         if legacy:  # replaying a run recorded before waits were bounded: same timers as then
             old = _legacy_wait(call.arguments, self.running())
             if old is not None:
@@ -668,6 +670,31 @@ class Children:
                 )
             except asyncio.TimeoutError:
                 workflow.logger.warning("subagents did not confirm cancellation: %s", ids)
+
+
+def _legacy_arguments(name: str, raw: str) -> Any:
+    """The arguments as the code before validation read them, where it went on to act (start,
+    cancel or signal a child); ``None`` where it refused them or failed. Only for replaying runs
+    recorded back then: new runs get :meth:`Children._parse`."""
+    try:
+        args = json.loads(raw or "{}")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(args, dict):
+        return None
+    if name == "spawn_subagent":
+        prompt, agent = args.get("prompt"), args.get("agent")
+        if not isinstance(prompt, str) or not prompt.strip() or not isinstance(agent, (str, type(None))):
+            return None
+        return SpawnSubagentArgs.model_construct(prompt=prompt, agent=agent or None)
+    if name == "cancel_subagent":
+        return CancelSubagentArgs.model_construct(id=str(args.get("id", "")))
+    if name == "send_to_subagent":
+        message = args.get("message")
+        if not isinstance(message, str):
+            return None
+        return SendToSubagentArgs.model_construct(id=str(args.get("id", "")), message=message)
+    return None
 
 
 def _legacy_wait(raw: str, running: list[SubagentTask]) -> tuple[list[str], float] | None:
