@@ -28,7 +28,15 @@ from relaykit.runs import (
     RunStatus,
 )
 from relaykit.streaming import StreamCursor, StreamEvent
-from relaykit.subagents import Subagents
+from relaykit.subagents import (
+    MAX_WAIT_SECONDS,
+    AgentToolArgs,
+    CancelSubagentArgs,
+    SendToSubagentArgs,
+    SpawnSubagentArgs,
+    Subagents,
+    WaitSubagentsArgs,
+)
 from relaykit.tools import Tool, ToolContext, tool
 from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
 from relaykit.workflows.loop import run_agent
@@ -37,10 +45,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "MAX_WAIT_SECONDS",
     "Agent",
     "AgentTool",
+    "AgentToolArgs",
     "ApprovalDecision",
     "Budget",
+    "CancelSubagentArgs",
     "ConfigurationError",
     "ContextPolicy",
     "Handoff",
@@ -60,6 +71,8 @@ __all__ = [
     "RunResult",
     "RunSnapshot",
     "RunStatus",
+    "SendToSubagentArgs",
+    "SpawnSubagentArgs",
     "StreamCursor",
     "StreamEvent",
     "Subagents",
@@ -67,6 +80,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "Usage",
+    "WaitSubagentsArgs",
     "Worker",
     "connect",
     "for_context_rewrite",
