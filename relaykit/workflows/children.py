@@ -50,7 +50,6 @@ from relaykit.subagents import (
     Subagents,
     WaitSubagentsArgs,
 )
-from relaykit.tools import _validation_message
 
 if TYPE_CHECKING:
     from relaykit.workflows.loop import TurnLoop
@@ -117,6 +116,15 @@ def subagent_tool_specs(capability: Subagents, agents: list[Agent]) -> list[Tool
     ]
 
 
+def invalid_arguments(tool_name: str, exc: ValidationError) -> str:
+    """What the model reads when its arguments do not validate: each problem with its place."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+        for err in exc.errors(include_url=False)[:10]
+    )
+    return f"Invalid arguments for tool {tool_name!r}: {problems}. Fix them and call it again."
+
+
 def _elapsed(seconds: float) -> str:
     seconds = max(int(seconds), 0)
     if seconds < 60:
@@ -157,7 +165,9 @@ class Children:
         """Child handles of tasks started by this workflow run (not those of earlier runs of a
         run that continued as new): awaiting one waits until that child has really closed."""
         self._child_ids: dict[int, str] = {}
-        """Agent-tool child ids named in ``tool_call`` events, by call object, until started."""
+        """Agent-tool child ids named in this turn's ``tool_call`` events, by call object (the
+        turn's message keeps each alive, so no object id is reused within the turn)."""
+        self._child_ids_turn = -1
 
     @property
     def state(self) -> Any:
@@ -169,6 +179,8 @@ class Children:
         """The child workflow id for this call: ``<parent id>/<agent name>-<n>``, readable in the
         Temporal UI and unique within the run whatever call ids the provider sends. Called once
         per call, where the ``tool_call`` event names it; :meth:`run_agent_tool` uses the same."""
+        if self._child_ids_turn != self.state.turn:
+            self._child_ids, self._child_ids_turn = {}, self.state.turn
         known = self._child_ids.get(id(call))
         if known is not None:
             return known
@@ -191,7 +203,7 @@ class Children:
         except ValidationError as exc:
             # pydantic's parser also refuses what could not travel in the child's input
             # (a lone surrogate in a string, say), which would fail every workflow task
-            return loop.tool_message(call, _validation_message(entry.name, exc), is_error=True)
+            return loop.tool_message(call, invalid_arguments(entry.name, exc), is_error=True)
         info = workflow.info()
         child_input = RunInput(
             agent=entry.agent.name,
@@ -361,7 +373,7 @@ class Children:
         try:
             return SUBAGENT_ARGUMENTS[call.name].model_validate_json(call.arguments or "{}")
         except ValidationError as exc:
-            text = _validation_message(call.name, exc)
+            text = invalid_arguments(call.name, exc)
         except (ValueError, RecursionError) as exc:  # not expected from pydantic; never fatal
             text = f"Invalid arguments for tool {call.name!r}: {exc}. Fix them and call it again."
         return self.loop.tool_message(call, text, is_error=True)
