@@ -27,6 +27,12 @@ class Subagents:
 
     With no ``agents``, the current agent is cloned without its subagents and handoffs (so a
     subagent cannot spawn recursively).
+
+    lovia's semantics: a spawn beyond ``max_concurrent`` is refused with the running tasks
+    named; each report reaches the model once (at a turn boundary, or in a ``wait_subagents``
+    result), truncated to ``max_result_chars`` by keeping its beginning and its end; one wait
+    lasts at most :data:`MAX_WAIT_SECONDS`; while tasks run, each request carries their status
+    and elapsed time. Unfinished tasks are cancelled when the run ends, unless ``detached``.
     """
 
     agents: tuple[Agent, ...] | list[Agent] = field(default_factory=tuple)
@@ -40,7 +46,8 @@ class Subagents:
     deliver_to_workflow: str | None = None
     deliver_url: str | None = None
     instructions: str | None = None
-    """Replaces the built-in guidance added to the agent's system prompt."""
+    """Replaces the built-in guidance added to the agent's system prompt
+    (:data:`DEFAULT_INSTRUCTIONS`, or :data:`DETACHED_INSTRUCTIONS` when detached)."""
     approvals: Literal["reject", "parent"] = "reject"
     """Background tasks run unattended: a tool needing approval is rejected at once
     (``"reject"``), unless approvals should surface in the parent run for a person to answer
