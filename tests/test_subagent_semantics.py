@@ -16,6 +16,8 @@ from temporalio.client import Client
 from relaykit import Agent, RunFailed, Subagents, ToolContext, start_run, tool
 from relaykit.messages import Message
 from relaykit.runs import RunResult
+from relaykit.streaming import StreamEvent
+from relaykit.watch import describe
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step, batch, call, text
 from tests.support import history_events, scripted_model, serving
 
@@ -306,6 +308,8 @@ async def test_a_report_entering_the_transcript_at_a_turn_boundary_is_an_event(
     ]
     assert kinds.index("subagent_finished") < kinds.index("report_delivered")
     assert any(m.role == "user" and "report on alpha" in m.content for m in result.transcript)
+    line = describe(StreamEvent(**delivered[0].model_dump(), workflow_id=handle.id))
+    assert line == "report of task-1 (researcher) delivered (turn_boundary)"  # relaykit watch
 
 
 async def test_the_cap_refusal_names_the_running_tasks_that_hold_the_slots(
