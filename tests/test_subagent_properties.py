@@ -1,7 +1,7 @@
 """Property-based: whatever a model writes as arguments of the subagent tools (and of an agent
 tool), the run finishes and no workflow task fails.
 
-Each example is a real run on the session's Temporal dev server: the scripted lead first spawns
+Each example is a real run on the Temporal dev server the tests share: the scripted lead first spawns
 one task (so ids can refer to something), then calls the tools with generated arguments in one
 turn, then answers. Generated arguments mix plausible values with wrong types, odd shapes,
 NaN/Infinity, huge numbers, non-JSON text and JSON that is not an object. One worker serves all
@@ -57,7 +57,7 @@ FIELDS = {
     "wait_subagents": ["ids", "timeout_seconds"],
     "cancel_subagent": ["id"],
     "send_to_subagent": ["id", "message"],
-    "ask_helper": ["input"],
+    "ask_clerk": ["input"],
 }
 
 
@@ -98,16 +98,16 @@ def _lead(request: ScriptedRequest) -> Step:
 
 @pytest.fixture(scope="module")
 async def lead_worker(client: Client, model_server: ScriptedModelServer) -> AsyncIterator[Worker]:
-    helper_model = scripted_model(model_server)
-    model_server.respond(helper_model.name, lambda req: text("helper report"))
+    clerk_model = scripted_model(model_server)
+    model_server.respond(clerk_model.name, lambda req: text("clerk report"))
     lead_model = scripted_model(model_server)
     model_server.respond(lead_model.name, _lead)
-    helper = Agent(name="helper", model=helper_model)
+    clerk = Agent(name="clerk", model=clerk_model)
     lead = Agent(
         name="lead",
         model=lead_model,
-        tools=[helper.as_tool(max_turns=3)],
-        subagents=Subagents([helper], max_concurrent=2, max_turns=3),
+        tools=[clerk.as_tool(max_turns=3)],
+        subagents=Subagents([clerk], max_concurrent=2, max_turns=3),
     )
     async with serving(client, lead) as worker:
         yield worker

@@ -98,9 +98,9 @@ async def test_an_agent_tool_child_that_fails_is_still_an_error_result_for_the_p
     child_model = scripted_model(model_server)
     parent_model = scripted_model(model_server)
     model_server.script(child_model.name, [call("nothing_here"), call("nothing_here")])
-    model_server.script(parent_model.name, [call("ask_helper", input="go"), text("recovered")])
-    helper = Agent(name="helper", model=child_model)
-    front = Agent(name="front", model=parent_model, tools=[helper.as_tool(max_turns=2)])
+    model_server.script(parent_model.name, [call("ask_clerk", input="go"), text("recovered")])
+    clerk = Agent(name="clerk", model=child_model)
+    front = Agent(name="front", model=parent_model, tools=[clerk.as_tool(max_turns=2)])
     async with serving(client, front) as worker:
         handle = await start_run(client, front, "go", task_queue=worker.task_queue)
         result = await asyncio.wait_for(handle.result(), timeout=60)
