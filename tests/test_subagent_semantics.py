@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -426,3 +427,34 @@ async def test_invalid_subagent_tool_arguments_become_error_results_the_model_ca
     assert refused.is_error and says in refused.content
     assert result.output == "ok"
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in await _event_types(handle)
+
+
+async def test_a_task_id_held_by_a_task_of_an_earlier_run_is_an_error_result_not_a_failed_run(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # A run id used again while a detached task of its earlier run still runs: the new run's
+    # task-1 cannot start under the same workflow id, and the model is told so.
+    hold = threading.Event()
+    researcher = _held_researcher(model_server, hold)
+    lead_model = scripted_model(model_server)
+    model_server.script(
+        lead_model.name,
+        [call("spawn_subagent", prompt="first"), text("first done"),
+         call("spawn_subagent", prompt="second"), text("second done")],
+    )
+    lead = Agent(
+        name="lead", model=lead_model,
+        subagents=Subagents([researcher], detached=True, deliver_url="http://127.0.0.1:9/r"),
+    )
+    run_id = f"reused-{uuid.uuid4().hex[:8]}"
+    try:
+        async with serving(client, lead) as worker:
+            first = await start_run(client, lead, "go", task_queue=worker.task_queue, id=run_id)
+            assert (await asyncio.wait_for(first.result(), timeout=60)).output == "first done"
+            second = await start_run(client, lead, "again", task_queue=worker.task_queue, id=run_id)
+            result = await asyncio.wait_for(second.result(), timeout=60)
+    finally:
+        hold.set()
+    assert result.output == "second done"
+    refused = _tool_results(result)[0]
+    assert refused.is_error and f"{run_id}/task-1 is already running" in refused.content

@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from temporalio import workflow
-from temporalio.exceptions import ChildWorkflowError, is_cancelled_exception
+from temporalio.exceptions import (
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+    is_cancelled_exception,
+)
 from temporalio.workflow import ParentClosePolicy
 
 from relaykit.agent import Agent, AgentTool
@@ -226,6 +230,14 @@ class Children:
                 static_summary=f"{entry.agent.name} (asked by {self.state.agent}): {prompt[:120]}",
                 search_attributes=loop.child_search_attributes(),
             )
+        except WorkflowAlreadyStartedError:
+            # e.g. a run id reused while a child of its earlier run still runs
+            return loop.tool_message(
+                call,
+                f"The {entry.agent.name} agent could not start: a run with id {child_id} is "
+                "already running.",
+                is_error=True,
+            )
         except ChildWorkflowError as exc:
             if is_cancelled_exception(exc):
                 # Either this run is being cancelled, or the child was cancelled from inside
@@ -416,7 +428,36 @@ class Children:
         )
         self.state.tasks[task_id] = task
         target_wf = capability.deliver_to_workflow if capability.detached else info.workflow_id
-        handle = await workflow.start_child_workflow(
+        try:
+            handle = await self._start_task(capability, target, task, prompt, target_wf)
+        except WorkflowAlreadyStartedError:
+            # e.g. a run id reused while an abandoned task of its earlier run still runs
+            del self.state.tasks[task_id]
+            return loop.tool_message(
+                call,
+                f"Could not start the task: a run with id {child_id} is already running.",
+                is_error=True,
+            )
+        # Its outcome arrives as a report signal (which survives continue-as-new); the handle's
+        # own result is not needed.
+        handle.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self.handles[task_id] = handle
+        loop.emit("subagent_started", {"id": task_id, "agent": target.name, "workflow_id": child_id})
+        if capability.detached:
+            task.status = "finished"  # not ours to track any more
+            task.delivered = True
+        return loop.tool_message(
+            call, json.dumps({"id": task_id, "agent": target.name, "status": "running"})
+        )
+
+    async def _start_task(
+        self, capability: Subagents, target: Agent, task: SubagentTask, prompt: str,
+        target_wf: str | None,
+    ) -> Any:
+        loop = self.loop
+        info = workflow.info()
+        task_id, child_id = task.id, task.workflow_id
+        return await workflow.start_child_workflow(
             loop.workflow_type,
             RunInput(
                 agent=target.name,
@@ -442,17 +483,6 @@ class Children:
             parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"{target.name} (background task of {self.state.agent}): {prompt[:120]}",
             search_attributes=loop.child_search_attributes(),
-        )
-        # Its outcome arrives as a report signal (which survives continue-as-new); the handle's
-        # own result is not needed.
-        handle.add_done_callback(lambda done: done.cancelled() or done.exception())
-        self.handles[task_id] = handle
-        loop.emit("subagent_started", {"id": task_id, "agent": target.name, "workflow_id": child_id})
-        if capability.detached:
-            task.status = "finished"  # not ours to track any more
-            task.delivered = True
-        return loop.tool_message(
-            call, json.dumps({"id": task_id, "agent": target.name, "status": "running"})
         )
 
     async def _wait(self, capability: Subagents, call: ToolCall, legacy: bool) -> Message:
@@ -592,9 +622,15 @@ class Children:
             )
         if task.status != "running":
             return self.loop.tool_message(call, f"Task {task.id} already {task.status}.", is_error=True)
-        await workflow.get_external_workflow_handle(task.workflow_id).signal(
-            "send_message_signal", args.message
-        )
+        try:
+            await workflow.get_external_workflow_handle(task.workflow_id).signal(
+                "send_message_signal", args.message
+            )
+        except Exception as exc:  # noqa: BLE001 - it ended just now; its report is on its way
+            workflow.logger.info("signal to %s: %s", task.workflow_id, exc)
+            return self.loop.tool_message(
+                call, f"Task {task.id} has just ended; its report arrives shortly.", is_error=True
+            )
         return self.loop.tool_message(call, f"Sent to {task.id}.")
 
     def on_report(self, report: ChildReport) -> None:
