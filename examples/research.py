@@ -82,9 +82,11 @@ def _lead(request: ScriptedRequest) -> Step:
     topics = re.findall(r"\b(Temporal|Celery)\b", task, flags=re.IGNORECASE) or ["temporal"]
     everything = json.dumps(request.messages)
     reports = re.findall(r"Report: ([^\"\\\\]+)", everything)
-    if request.index == 0:
+    # by what the lead's own conversation holds, not by request.index: the three agents share
+    # one model, so researchers' requests may come between the lead's
+    if not request.tool_results:
         return batch(*(call("spawn_subagent", prompt=f"Research {t.lower()}") for t in topics))
-    if request.index == 1:
+    if "ask_editor" not in everything:
         return call("ask_editor", input=f"Notes: comparing {', '.join(topics)} for agent runs.")
     if len(reports) < len(topics):
         return call("wait_subagents", timeout_seconds=30)

@@ -30,7 +30,15 @@ from relaykit.runs import (
 )
 from relaykit.storage import Store, StoreDriver, with_external_storage
 from relaykit.streaming import StreamCursor, StreamEvent
-from relaykit.subagents import Subagents
+from relaykit.subagents import (
+    MAX_WAIT_SECONDS,
+    AgentToolArgs,
+    CancelSubagentArgs,
+    SendToSubagentArgs,
+    SpawnSubagentArgs,
+    Subagents,
+    WaitSubagentsArgs,
+)
 from relaykit.tools import Tool, ToolContext, tool
 from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
 from relaykit.workflows.loop import run_agent
@@ -39,10 +47,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "MAX_WAIT_SECONDS",
     "Agent",
     "AgentTool",
+    "AgentToolArgs",
     "ApprovalDecision",
     "Budget",
+    "CancelSubagentArgs",
     "ConfigurationError",
     "ContextPolicy",
     "Handoff",
@@ -65,6 +76,8 @@ __all__ = [
     "RunStatus",
     "Store",
     "StoreDriver",
+    "SendToSubagentArgs",
+    "SpawnSubagentArgs",
     "StreamCursor",
     "StreamEvent",
     "Subagents",
@@ -72,6 +85,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "Usage",
+    "WaitSubagentsArgs",
     "Worker",
     "compose_data_converter",
     "connect",

@@ -132,20 +132,9 @@ class AgentTool:
     @property
     def spec(self) -> Any:
         from relaykit.messages import ToolSpec
+        from relaykit.subagents import AgentToolArgs
 
+        # the schema of the model that validates the call (relaykit.workflows.children)
         return ToolSpec(
-            name=self.name,
-            description=self.description,
-            parameters={
-                "type": "object",
-                "properties": {
-                    "input": {
-                        "type": "string",
-                        "description": "The complete task for the agent; it cannot see this "
-                        "conversation.",
-                    }
-                },
-                "required": ["input"],
-                "additionalProperties": False,
-            },
+            name=self.name, description=self.description, parameters=AgentToolArgs.parameters()
         )

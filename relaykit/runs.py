@@ -34,6 +34,7 @@ EventKind = Literal[
     "resumed",
     "subagent_started",
     "subagent_finished",
+    "report_delivered",
     "error",
     "context_compacted",
     "continued_as_new",
@@ -98,6 +99,8 @@ class SubagentTask(BaseModel):
     report: str | None = None
     delivered: bool = False
     usage: Usage = Field(default_factory=Usage)
+    started_at: datetime | None = None
+    """When the parent spawned it (``workflow.now()``): the status reminder shows elapsed time."""
 
 
 class ChildReport(BaseModel):
@@ -143,6 +146,8 @@ class RunState(BaseModel):
     report_queue: list[str] = Field(default_factory=list)
     """Ids of finished tasks whose report waits for the next turn boundary."""
     tasks_started: int = 0
+    agent_tools_started: int = 0
+    """Agent-as-tool child runs started so far: numbers their workflow ids (``…/<agent>-<n>``)."""
     context_ref: str | None = None
     """Digest of the transcript prefix the last model call stored (see relaykit.transcripts)."""
     context_ref_count: int = 0

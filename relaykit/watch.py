@@ -74,6 +74,8 @@ def describe(item: StreamEvent) -> str:
         return f"{data.get('id')} ({data.get('agent')}) started"
     if kind == "subagent_finished":
         return f"{data.get('id')} ({data.get('agent')}) {data.get('status')}"
+    if kind == "report_delivered":
+        return f"report of {data.get('id')} ({data.get('agent')}) delivered ({data.get('via')})"
     if kind == "error":
         return f"error {data.get('kind')}: {_short(data.get('message', ''), 200)}"
     if kind == "final":

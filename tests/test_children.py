@@ -115,7 +115,7 @@ async def test_cancelling_the_parent_cancels_its_running_child(
             await handle.cancel()
             with pytest.raises(RunFailed) as failure:
                 await handle.result()
-            child = client.get_workflow_handle(f"{handle.id}/{await _first_call_id(handle)}")
+            child = client.get_workflow_handle(await _first_child_id(handle))
             description = await child.describe()
     finally:
         hold.set()
@@ -123,9 +123,9 @@ async def test_cancelling_the_parent_cancels_its_running_child(
     assert description.status is not None and description.status.name == "CANCELED"
 
 
-async def _first_call_id(handle: object) -> str:
+async def _first_child_id(handle: object) -> str:
     events = await handle.events()  # type: ignore[attr-defined]
-    return next(e.data["call_id"] for e in events if e.kind == "tool_call")
+    return next(e.data["workflow_id"] for e in events if e.kind == "tool_call")
 
 
 # --- background subagents ---------------------------------------------------------------------

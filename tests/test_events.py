@@ -89,7 +89,7 @@ async def test_child_events_reach_the_root_stream_live_in_order_with_their_run_p
         by_run.setdefault(item.workflow_id, []).append(item.seq)
     assert by_run[handle.id] == list(range(len(by_run[handle.id])))
     tool_call = next(i for i in items if i.kind == "tool_call" and i.data["name"] == "ask_summarizer")
-    child_id = f"{handle.id}/{tool_call.data['call_id']}"
+    child_id = f"{handle.id}/summarizer-1"  # agent-tool children are named after their agent
     assert tool_call.data["workflow_id"] == child_id
     task_id = f"{handle.id}/task-1"
     assert set(by_run) == {handle.id, child_id, task_id}

@@ -51,7 +51,12 @@ class AgentRun:
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
         if input.report_to is None:
-            return await self._loop.run()
+            try:
+                return await self._loop.run()
+            except BaseException as exc:
+                if is_cancelled_exception(exc):  # an agent-tool child cancels its parent too
+                    await self._loop.children.cancel_parent()
+                raise
         # A background subagent: whatever happens, its parent (or delivery target) hears of it.
         try:
             result = await self._loop.run()

@@ -446,8 +446,9 @@ class TurnLoop:
             # [observability] an agent tool's call names its child run, so watchers can follow it
             # (relaykit.streaming); the id is the one Children.run_agent_tool starts.
             data = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
-            if any(isinstance(t, AgentTool) and t.name == call.name for t in agent.tools):
-                data["workflow_id"] = f"{workflow.info().workflow_id}/{call.id}"
+            agent_tool = next((t for t in agent.tools if t.name == call.name), None)
+            if isinstance(agent_tool, AgentTool):
+                data["workflow_id"] = self.children.agent_tool_workflow_id(agent_tool, call)
             self.emit("tool_call", data)
             handoff = handoffs.get(call.name)
             if handoff is not None:
