@@ -16,6 +16,7 @@ from relaykit.handoff import (
     for_context_rewrite,
     remove_tool_calls,
 )
+from relaykit.mcp import MCPServer
 from relaykit.messages import Message, ToolCall, Usage
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.runs import (
@@ -47,6 +48,7 @@ __all__ = [
     "HandoffArgs",
     "HandoffCallbackInput",
     "HandoffInputData",
+    "MCPServer",
     "Message",
     "ModelSettings",
     "ModelSpec",
