@@ -23,7 +23,7 @@ docs = MCPServer.stdio(
     "docs",
     [sys.executable, str(HERE / "mcp_docs_server.py")],
     env_from_env=["MCP_TEST_LOG", "MCP_TEST_DOCS", "MCP_TEST_RELEASE"],
-    heartbeat_timeout=2,
+    heartbeat_timeout=5,
     retry=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
 )
 

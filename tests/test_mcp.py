@@ -147,10 +147,8 @@ async def docs(
         """Kill the docs server process (SIGKILL), as a crash would."""
         pid = log.pids("count")[-1]
         os.kill(pid, signal.SIGKILL)
-        for _ in range(200):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+        for _ in range(400):
+            if not process_alive(pid):
                 return f"killed {pid}"
             time.sleep(0.05)
         return "still alive"
@@ -327,6 +325,15 @@ async def test_server_dying_during_every_attempt_ends_in_an_error_result_after_t
 # --- streamable HTTP, and both transports in one run ---------------------------------------------
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for a parent to reap it has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -481,12 +488,8 @@ async def test_worker_killed_mid_run_resumes_on_a_new_worker_and_its_new_server_
     assert log.started()["slow 0.0"] + log.started()["slow 0"] == 2
     new_server = log.lines()[-1][0] if log.lines()[-1][1] == "slow" else log.pids("slow")[-1]
     assert new_server != old_server
-    assert [m.content for m in result.transcript if m.role == "tool"][-1] == "waited 0"
+    assert [m.content for m in result.transcript if m.role == "tool"][-1].startswith("waited 0")
     deadline = time.monotonic() + 20
-    while True:  # the killed worker's server process saw its stdin close and exited
-        try:
-            os.kill(old_server, 0)
-        except ProcessLookupError:
-            break
+    while process_alive(old_server):  # the killed worker's server saw its stdin close and exited
         assert time.monotonic() < deadline, "the dead worker's MCP server process lives on"
         await asyncio.sleep(0.1)

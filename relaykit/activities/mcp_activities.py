@@ -30,6 +30,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+# Imported when the worker starts (this module is imported only for graphs with MCP servers):
+# importing the SDK takes seconds, which must not stall the event loop in the middle of a call.
+import mcp
+import mcp.client.stdio
+import mcp.client.streamable_http
+import mcp_types
+from mcp.shared import _httpx_utils
 from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
@@ -148,11 +155,9 @@ class _Session:
             raise
 
     async def _own(self) -> None:
-        from mcp import Client
-
         try:
             self.transport = _WatchedTransport(_transport_for(self.server))
-            async with Client(self.transport, cache=None) as client:
+            async with mcp.Client(self.transport, cache=None) as client:
                 self.client = client
                 self._ready.set_result(None)
                 await self._stop.wait()
@@ -179,21 +184,16 @@ class _Session:
 
 def _transport_for(server: MCPServer) -> Any:
     if server.transport == "stdio":
-        from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
-
-        params = StdioServerParameters(
+        params = mcp.StdioServerParameters(
             command=server.command[0],
             args=server.command[1:],
             env=server.resolved_env() or None,
             cwd=server.cwd,
         )
-        return stdio_client(params)
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-
-    http = create_mcp_http_client(headers=server.resolved_headers())
-    return _OwnedHTTP(streamable_http_client(server.url or "", http_client=http), http)
+        return mcp.client.stdio.stdio_client(params)
+    http = _httpx_utils.create_mcp_http_client(headers=server.resolved_headers())
+    transport = mcp.client.streamable_http.streamable_http_client(server.url or "", http_client=http)
+    return _OwnedHTTP(transport, http)
 
 
 class _OwnedHTTP:
@@ -289,19 +289,16 @@ class MCPSessions:
     async def _request(self, server: MCPServer, send: Any, timeout: float) -> Any:
         """Send through a live session (opening one if there is none, or if the last one was
         seen to end). A connection that breaks during the request fails the attempt."""
-        from mcp import MCPError
-        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-
         session = await self.session(server, server.list_timeout.total_seconds())
         try:
             return await send(session.client)
-        except MCPError as exc:
-            if exc.error.code == REQUEST_TIMEOUT:  # the session may still be fine: keep it
+        except mcp.MCPError as exc:
+            if exc.error.code == mcp_types.REQUEST_TIMEOUT:  # the session may still be fine: keep it
                 raise ApplicationError(
                     f"MCP server {server.name!r} did not answer within {timeout:.0f}s",
                     type=MCP_SERVER_UNAVAILABLE,
                 ) from None
-            if exc.error.code != CONNECTION_CLOSED:
+            if exc.error.code != mcp_types.CONNECTION_CLOSED:
                 raise  # the server answered with an error
             self.drop(server, session)
             raise ApplicationError(
@@ -369,9 +366,7 @@ class MCPSessions:
         except ApplicationError:
             raise
         except Exception as exc:  # noqa: BLE001
-            from mcp import MCPError
-
-            if isinstance(exc, MCPError):
+            if isinstance(exc, mcp.MCPError):
                 # The server answered with a protocol error: the model may fix its call.
                 return ToolOutcome(
                     content=f"MCP server {server.name!r} rejected the call to {request.tool!r}: "
