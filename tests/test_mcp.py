@@ -493,3 +493,26 @@ async def test_worker_killed_mid_run_resumes_on_a_new_worker_and_its_new_server_
     while process_alive(old_server):  # the killed worker's server saw its stdin close and exited
         assert time.monotonic() < deadline, "the dead worker's MCP server process lives on"
         await asyncio.sleep(0.1)
+
+
+# --- the example ----------------------------------------------------------------------------------
+
+
+async def test_mcp_research_example_answers_from_the_local_library_with_its_scripted_stand_in(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    from examples.mcp_research import librarian, scripted_librarian
+
+    model = scripted_model(model_server)
+    model_server.respond(model.name, scripted_librarian)  # type: ignore[arg-type]
+    async with serving(client, librarian, default_model=model) as worker:
+        handle = await start_run(
+            client, librarian, "How does durable execution survive a crash?", task_queue=worker.task_queue
+        )
+        result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    assert "replays the history" in result.output
+    assert "(source: Durable execution)" in result.output
+    assert await scheduled_activities(handle.workflow) == [
+        "mcp:library:list_tools", "relaykit.model_call", "mcp:library/search", "relaykit.model_call",
+        "mcp:library/read_document", "relaykit.model_call",
+    ]
