@@ -298,6 +298,80 @@ async def test_killed_server_process_is_restarted_and_completed_calls_are_not_re
     assert max(attempts) == 1
 
 
+async def test_tools_are_listed_again_after_continue_as_new_while_the_worker_keeps_its_session(
+    client: Client, docs: DocsRig
+) -> None:
+    agent = docs.agents["session"]
+    docs.model_server.script(
+        docs.model("session"),
+        [call("docs_count", id="c1"), call("docs_count", id="c2"), text("done")],
+    )
+    handle = await start_run(
+        client, agent, "count twice", task_queue=docs.worker.task_queue, continue_as_new_after_turns=1
+    )
+    result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    assert result.output == "done"
+    # The last workflow run listed the tools itself: its history never depends on an earlier
+    # run's listing, and a changed server shows up after a continue-as-new.
+    assert await scheduled_activities(handle.workflow) == ["mcp:docs:list_tools", "relaykit.model_call"]
+    events = [e.kind for e in await handle.events()]
+    assert events.count("continued_as_new") >= 1
+    counts = [line for line in docs.log.lines() if line[1] == "count"][-2:]
+    assert counts[0][0] == counts[1][0]  # one server process (the worker's session) for both runs
+    assert int(counts[1][3]) == int(counts[0][3]) + 1
+
+
+def test_needs_approval_takes_tool_names_or_a_predicate_on_name_and_arguments() -> None:
+    by_name = MCPServer.stdio("s", ["x"], needs_approval={"delete_doc"})
+    assert by_name.requires_approval("delete_doc", {}) and not by_name.requires_approval("read_doc", {})
+    by_rule = MCPServer.stdio(
+        "s", ["x"], needs_approval=lambda tool, args: tool.startswith("write") and args.get("path") != "/tmp"
+    )
+    assert by_rule.requires_approval("write_file", {"path": "/etc"})
+    assert not by_rule.requires_approval("write_file", {"path": "/tmp"})
+    assert MCPServer.stdio("s", ["x"], needs_approval=True).requires_approval("anything", {})
+
+
+async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue(
+    client: Client, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    log = ServerLog(tmp_path / "server.log")
+    server = stdio_server(log, name="remote", task_queue=f"mcp-only-{uuid.uuid4().hex[:8]}")
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("remote_count", id="c1"), text("done")])
+    agent = Agent(name=f"queued-{uuid.uuid4().hex[:6]}", model=model, tools=[server])
+    async with serving(client, agent) as main, serving(client, agent, task_queue=server.task_queue) as remote:
+        handle = await start_run(client, agent, "count", task_queue=main.task_queue)
+        result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+        assert (main.mcp_sessions.opened, remote.mcp_sessions.opened) == (0, 1)
+    assert result.output == "done"
+    queues = {
+        e.activity_task_scheduled_event_attributes.activity_type.name:
+        e.activity_task_scheduled_event_attributes.task_queue.name
+        for e in await history_events(handle.workflow)
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    assert queues["mcp:remote:list_tools"] == queues["mcp:remote/count"] == server.task_queue
+    assert queues["relaykit.model_call"] == main.task_queue
+
+
+async def test_call_slower_than_the_server_timeout_ends_in_an_error_result(
+    client: Client, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    log = ServerLog(tmp_path / "server.log")
+    server = stdio_server(log, name="sleepy", timeout=1, retry=RetryPolicy(maximum_attempts=1))
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("sleepy_slow", id="c_slow", seconds=30), text("moved on")])
+    agent = Agent(name=f"sleepy-{uuid.uuid4().hex[:6]}", model=model, tools=[server])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "wait", task_queue=worker.task_queue)
+        result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    assert result.output == "moved on"
+    (message,) = [m for m in result.transcript if m.role == "tool"]
+    assert message.is_error and "did not answer within 1s" in message.content
+    assert log.done()["slow 30"] + log.done()["slow 30.0"] == 0
+
+
 # --- a server dying in the middle of calls, and the retry cap ------------------------------------
 
 
@@ -402,6 +476,32 @@ async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_toke
     assert sorted(t for t in types if t.endswith(":list_tools")) == ["mcp:docs:list_tools", "mcp:tracker:list_tools"]
     history = b"".join(e.SerializeToString() for e in await history_events(handle.workflow))
     assert token.encode() not in history
+    # Replay needs no server: the listing and every result come from history.
+    before = (stdio_log.lines(), http_log.lines())
+    replayed = await replay(worker.graph, await handle.workflow.fetch_history())
+    assert replayed.replay_failure is None
+    assert (stdio_log.lines(), http_log.lines()) == before
+
+
+async def replay(graph: Any, history: Any) -> Any:
+    """Replay ``history`` through today's workflow code with ``graph`` (no worker, no server)."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from relaykit import registry
+    from relaykit.worker import sandbox_runner
+    from relaykit.workflows.agent_run import AgentRun
+
+    build_id = f"mcp-{uuid.uuid4().hex[:8]}"
+    registry.register(f"replay-{build_id}", graph)  # where a Replayer's workflows look agents up
+    try:
+        replayer = Replayer(
+            workflows=[AgentRun], data_converter=pydantic_data_converter,
+            workflow_runner=sandbox_runner(), build_id=build_id,
+        )
+        return await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    finally:
+        registry.unregister(f"replay-{build_id}", graph)
 
 
 async def test_missing_header_variable_fails_the_run_with_a_typed_error_naming_only_the_variable(
