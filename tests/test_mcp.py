@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 
 from relaykit import Agent, ConfigurationError, MCPServer, RunFailed, start_run, tool
 from relaykit.devserver import DevServer
@@ -113,6 +113,50 @@ def test_two_different_servers_with_one_name_are_refused_at_worker_start() -> No
                 )
             ]
         )
+
+
+def test_results_with_media_and_resources_reach_the_model_as_text_markers() -> None:
+    from mcp.types import (
+        CallToolResult,
+        EmbeddedResource,
+        ImageContent,
+        TextContent,
+        TextResourceContents,
+    )
+
+    from relaykit.activities.mcp_activities import render_result
+
+    result = CallToolResult(
+        content=[
+            TextContent(type="text", text="see the chart"),
+            ImageContent(type="image", data="aGVsbG8h", mime_type="image/png"),
+            EmbeddedResource(
+                type="resource",
+                resource=TextResourceContents(uri="file:///notes.md", text="the notes", mime_type="text/markdown"),
+            ),
+        ]
+    )
+    assert render_result(result) == "see the chart\n[image image/png, 6 bytes]\nthe notes"
+    structured = CallToolResult(content=[], structured_content={"total": 3})
+    assert render_result(structured) == '{"total": 3}'
+
+
+async def test_worker_refuses_to_start_when_its_dynamic_activity_is_taken_and_mcp_needs_it(
+    client: Client,
+) -> None:
+    from temporalio import activity
+
+    from relaykit import Worker
+
+    @activity.defn(dynamic=True)
+    async def mine(args: Sequence[RawValue]) -> None:
+        return None
+
+    agent = Agent(name="taken", model="openai:x", tools=[MCPServer.stdio("docs", ["x"])])
+    worker = Worker(client, agent, task_queue=f"tq-{uuid.uuid4().hex[:8]}", activities=[mine])
+    with pytest.raises(ConfigurationError, match="dynamic activity"):
+        async with worker:
+            pass
 
 
 # --- one shared stdio worker ---------------------------------------------------------------------

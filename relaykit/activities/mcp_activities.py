@@ -322,7 +322,7 @@ class MCPSessions:
             tools: list[MCPToolInfo] = []
             cursor = None
             for _ in range(_MAX_LIST_PAGES):
-                page = await client.list_tools(cursor=cursor)
+                page = await asyncio.wait_for(client.list_tools(cursor=cursor), timeout)
                 for tool in page.tools:
                     schema = dict(tool.input_schema or {})
                     schema.setdefault("type", "object")
@@ -373,6 +373,12 @@ class MCPSessions:
                     f"{exc.error.message} (code {exc.error.code})",
                     is_error=True,
                 )
+            if isinstance(exc, ValueError):  # e.g. a result that does not follow the protocol
+                return ToolOutcome(
+                    content=f"MCP server {server.name!r} answered the call to {request.tool!r} "
+                    f"with something that is not a valid result: {_describe(exc)[:500]}",
+                    is_error=True,
+                )
             raise ApplicationError(
                 f"MCP call {server.name}/{request.tool} failed: {_describe(exc)}",
                 type=MCP_CONNECTION_LOST,
@@ -388,11 +394,15 @@ class MCPSessions:
             return await coro
         task = asyncio.ensure_future(coro)
         interval = max(timeout.total_seconds() / 3, 0.05)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=interval)
-            if done:
-                return task.result()
-            activity.heartbeat()
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=interval)
+                if done:
+                    return task.result()
+                activity.heartbeat()
+        finally:
+            if not task.done():  # the activity was cancelled: so is the request
+                task.cancel()
 
     # --- the activity ---------------------------------------------------------------------------
 
