@@ -23,7 +23,6 @@ after the last attempt the model reads an error result.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import json
 import logging
@@ -473,7 +472,3 @@ def _truncate(text: str, limit: int) -> str:
         return text
     dropped = len(text) - limit
     return text[:limit] + TRUNCATION_MARKER.format(dropped=dropped)
-
-
-with contextlib.suppress(Exception):  # keep the SDK's own loggers quiet unless asked
-    logging.getLogger("mcp").setLevel(logging.WARNING)

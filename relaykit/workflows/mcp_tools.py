@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
