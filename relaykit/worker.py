@@ -58,6 +58,8 @@ class Worker:
 
     ``tracing`` turns on OpenTelemetry spans (default: ``RELAYKIT_TRACING``; see
     :mod:`relaykit.tracing`), sent with ``tracer`` or the global tracer provider.
+    Agents' MCP servers (:class:`relaykit.MCPServer`) get one session per server in this worker:
+    stdio servers are subprocesses started on first use and stopped with the worker.
     ``delta_interval`` is how often a streaming model call sends the text written so far to the
     Temporal server, where clients watching the run read it (:mod:`relaykit.streaming`): lower
     is livelier, and costs one heartbeat RPC per interval per streaming call, no history.

@@ -440,6 +440,25 @@ async def test_server_dying_during_every_attempt_ends_in_an_error_result_after_t
     assert len({pid for pid, t, _, _ in log.lines() if t == "exit_now"}) == 2
 
 
+async def test_stdio_server_that_cannot_start_fails_the_run_with_a_typed_error_after_its_retries(
+    client: Client, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    server = MCPServer.stdio(
+        "missing", [str(tmp_path / "no-such-server")],
+        retry=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=2),
+    )
+    model = scripted_model(model_server)
+    agent = Agent(name=f"missing-{uuid.uuid4().hex[:6]}", model=model, tools=[server])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
+        with pytest.raises(RunFailed) as failed:
+            await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    assert failed.value.type == "MCPServerUnavailable"
+    assert "'missing'" in failed.value.message and "no-such-server" in failed.value.message
+    assert await scheduled_activities(handle.workflow) == ["mcp:missing:list_tools"]
+    assert model_server.request_count(model.name) == 0
+
+
 # --- streamable HTTP, and both transports in one run ---------------------------------------------
 
 

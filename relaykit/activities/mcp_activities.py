@@ -173,6 +173,8 @@ class _Session:
     async def close(self) -> None:
         self._stop.set()
         task = self._task
+        if task is not None and not task.done() and not self._ready.done():
+            task.cancel()  # still starting: nothing to shut down politely
         if task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_SECONDS)
