@@ -477,32 +477,57 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-async def http_server(tmp_path: Path) -> AsyncIterator[tuple[str, str, ServerLog]]:
-    """The docs server over streamable HTTP, demanding a bearer token."""
-    port = free_port()
-    token = f"tok-{uuid.uuid4().hex}"
-    log = ServerLog(tmp_path / "http.log")
-    env = dict(os.environ, MCP_TEST_LOG=str(log.path), MCP_TEST_DOCS=str(DOCS), MCP_TEST_REQUIRE_TOKEN=token)
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER_SCRIPT), "--http", str(port)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
+@dataclass
+class HTTPServerProcess:
+    """The docs server over streamable HTTP on 127.0.0.1, demanding a bearer token."""
+
+    log: ServerLog
+    port: int = field(default_factory=free_port)
+    token: str = field(default_factory=lambda: f"tok-{uuid.uuid4().hex}")
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> None:
+        env = dict(
+            os.environ, MCP_TEST_LOG=str(self.log.path), MCP_TEST_DOCS=str(DOCS),
+            MCP_TEST_REQUIRE_TOKEN=self.token,
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER_SCRIPT), "--http", str(self.port)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
             except OSError:
-                assert proc.poll() is None, "the HTTP MCP server exited"
+                assert self.proc.poll() is None, "the HTTP MCP server exited"
                 assert time.monotonic() < deadline, "the HTTP MCP server did not start"
-                await asyncio.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp", token, log
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def http_process(tmp_path: Path) -> AsyncIterator[HTTPServerProcess]:
+    server = HTTPServerProcess(ServerLog(tmp_path / "http.log"))
+    await asyncio.to_thread(server.start)
+    try:
+        yield server
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        await asyncio.to_thread(server.stop)
+
+
+@pytest.fixture
+async def http_server(http_process: HTTPServerProcess) -> AsyncIterator[tuple[str, str, ServerLog]]:
+    yield http_process.url, http_process.token, http_process.log
 
 
 async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_token_never_enters_history(
@@ -583,6 +608,44 @@ async def test_missing_header_variable_fails_the_run_with_a_typed_error_naming_o
     assert failed.value.type == "MCPServerUnavailable"
     assert "RELAYKIT_TEST_MISSING_TOKEN" in failed.value.message
     assert model_server.request_count(model.name) == 0  # no model call without the tool list
+
+
+async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_call_repeats(
+    client: Client, model_server: ScriptedModelServer, http_process: HTTPServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RELAYKIT_TEST_TRACKER_TOKEN", http_process.token)
+
+    @tool
+    def restart_tracker() -> str:
+        """Restart the tracker server (a new process: every session it knew is gone)."""
+        http_process.stop()
+        http_process.start()
+        return "restarted"
+
+    tracker = MCPServer.http(
+        "tracker3", http_process.url,
+        headers_from_env={"Authorization": "Bearer $RELAYKIT_TEST_TRACKER_TOKEN"},
+    )
+    model = scripted_model(model_server)
+    model_server.script(
+        model.name,
+        [
+            call("tracker3_whoami", id="c1"),
+            call("restart_tracker", id="c_restart"),
+            call("tracker3_whoami", id="c2"),
+            text("done"),
+        ],
+    )
+    agent = Agent(name=f"restart-{uuid.uuid4().hex[:6]}", model=model, tools=[tracker, restart_tracker])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
+        result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    results = {m.tool_call_id: m for m in result.transcript if m.role == "tool"}
+    assert not results["c2"].is_error, results["c2"].content
+    first, second = json.loads(results["c1"].content), json.loads(results["c2"].content)
+    assert first["pid"] != second["pid"]
+    assert http_process.log.done() == {"whoami \"\"": 2}
 
 
 # --- a killed worker process ----------------------------------------------------------------------

@@ -289,32 +289,42 @@ class MCPSessions:
 
     async def _request(self, server: MCPServer, send: Any, timeout: float) -> Any:
         """Send through a live session (opening one if there is none, or if the last one was
-        seen to end). A connection that breaks during the request fails the attempt."""
-        session = await self.session(server, server.list_timeout.total_seconds())
-        try:
-            return await send(session.client)
-        except mcp.MCPError as exc:
-            if exc.error.code == mcp_types.REQUEST_TIMEOUT:  # the session may still be fine: keep it
+        seen to end). A connection that breaks during the request fails the attempt; a session
+        the server no longer knows (an HTTP server that restarted answers 404, so the request did
+        not run) is replaced and the request sent again, once."""
+        for _ in range(2):
+            session = await self.session(server, server.list_timeout.total_seconds())
+            try:
+                return await send(session.client)
+            except mcp.MCPError as exc:
+                if exc.error.code == mcp_types.REQUEST_TIMEOUT:  # the session may be fine: keep it
+                    raise ApplicationError(
+                        f"MCP server {server.name!r} did not answer within {timeout:.0f}s",
+                        type=MCP_SERVER_UNAVAILABLE,
+                    ) from None
+                if _session_unknown(exc):
+                    self.drop(server, session)
+                    continue
+                if exc.error.code != mcp_types.CONNECTION_CLOSED:
+                    raise  # the server answered with an error
+                self.drop(server, session)
                 raise ApplicationError(
-                    f"MCP server {server.name!r} did not answer within {timeout:.0f}s",
-                    type=MCP_SERVER_UNAVAILABLE,
+                    f"MCP server {server.name!r}: the connection closed during the request",
+                    type=MCP_CONNECTION_LOST,
                 ) from None
-            if exc.error.code != mcp_types.CONNECTION_CLOSED:
-                raise  # the server answered with an error
-            self.drop(server, session)
-            raise ApplicationError(
-                f"MCP server {server.name!r}: the connection closed during the request",
-                type=MCP_CONNECTION_LOST,
-            ) from None
-        except Exception as exc:  # noqa: BLE001
-            if not _is_transport_error(exc):
-                raise
-            self.drop(server, session)
-            raise ApplicationError(
-                f"MCP server {server.name!r}: the connection broke during the request "
-                f"({_describe(exc)})",
-                type=MCP_CONNECTION_LOST,
-            ) from None
+            except Exception as exc:  # noqa: BLE001
+                if not _is_transport_error(exc):
+                    raise
+                self.drop(server, session)
+                raise ApplicationError(
+                    f"MCP server {server.name!r}: the connection broke during the request "
+                    f"({_describe(exc)})",
+                    type=MCP_CONNECTION_LOST,
+                ) from None
+        raise ApplicationError(
+            f"MCP server {server.name!r} did not know the session it had just opened",
+            type=MCP_CONNECTION_LOST,
+        )
 
     async def list_tools(self, server: MCPServer) -> MCPListing:
         timeout = server.list_timeout.total_seconds()
@@ -438,6 +448,11 @@ class MCPSessions:
             return listing.model_dump(mode="json")
 
         return relaykit_mcp
+
+
+def _session_unknown(exc: Any) -> bool:
+    """The streamable HTTP transport's answer to a 404 for a session the server does not know."""
+    return exc.error.code == mcp_types.INVALID_REQUEST and exc.error.message == "Session terminated"
 
 
 def _is_transport_error(exc: BaseException) -> bool:
