@@ -31,11 +31,11 @@ from typing import Any
 
 # Imported when the worker starts (this module is imported only for graphs with MCP servers):
 # importing the SDK takes seconds, which must not stall the event loop in the middle of a call.
+import httpx2
 import mcp
 import mcp.client.stdio
 import mcp.client.streamable_http
 import mcp_types
-from mcp.shared import _httpx_utils
 from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
@@ -128,6 +128,8 @@ class _Session:
         self.transport: _WatchedTransport | None = None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Read by open(), unless it gave up first: never leave an exception unretrieved.
+        self._ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._task: asyncio.Task[None] | None = None
         self.failed = False
 
@@ -192,7 +194,8 @@ def _transport_for(server: MCPServer) -> Any:
             cwd=server.cwd,
         )
         return mcp.client.stdio.stdio_client(params)
-    http = _httpx_utils.create_mcp_http_client(headers=server.resolved_headers())
+    # The SDK's own defaults: 30 s to connect and write, 5 min to read (a response may stream).
+    http = httpx2.AsyncClient(headers=server.resolved_headers(), timeout=httpx2.Timeout(30, read=300))
     transport = mcp.client.streamable_http.streamable_http_client(server.url or "", http_client=http)
     return _OwnedHTTP(transport, http)
 
