@@ -399,11 +399,13 @@ async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue
     assert queues["relaykit.model_call"] == main.task_queue
 
 
-async def test_call_slower_than_the_server_timeout_ends_in_an_error_result(
+async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_include_limits_the_tools(
     client: Client, model_server: ScriptedModelServer, tmp_path: Path
 ) -> None:
     log = ServerLog(tmp_path / "server.log")
-    server = stdio_server(log, name="sleepy", timeout=1, retry=RetryPolicy(maximum_attempts=1))
+    server = stdio_server(
+        log, name="sleepy", timeout=1, retry=RetryPolicy(maximum_attempts=1), include={"slow"}
+    )
     model = scripted_model(model_server)
     model_server.script(model.name, [call("sleepy_slow", id="c_slow", seconds=30), text("moved on")])
     agent = Agent(name=f"sleepy-{uuid.uuid4().hex[:6]}", model=model, tools=[server])
@@ -413,6 +415,7 @@ async def test_call_slower_than_the_server_timeout_ends_in_an_error_result(
     assert result.output == "moved on"
     (message,) = [m for m in result.transcript if m.role == "tool"]
     assert message.is_error and "did not answer within 1s" in message.content
+    assert model_server.requests(model.name)[0].tool_names == ["sleepy_slow"]  # only what `include` offers
     assert log.done()["slow 30"] + log.done()["slow 30.0"] == 0
 
 
