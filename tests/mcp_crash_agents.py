@@ -15,7 +15,7 @@ from pathlib import Path
 
 from temporalio.common import RetryPolicy
 
-from relaykit import Agent, MCPServer, ModelSpec
+from relaykit import Agent, MCPServer, ModelSpec, tool
 
 HERE = Path(__file__).resolve().parent
 
@@ -27,6 +27,39 @@ docs = MCPServer.stdio(
     retry=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
 )
 
+
+
+@tool
+def kill_docs_server() -> str:
+    """SIGKILL the docs server process that answered last (as a crash would)."""
+    import signal
+    import time
+
+    lines = Path(os.environ["MCP_TEST_LOG"]).read_text(encoding="utf-8").splitlines()
+    pid = int(lines[-1].split()[0])
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(400):
+        try:
+            state = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            break
+        if "\nState:\tZ" in state:
+            break
+        time.sleep(0.05)
+    return f"killed {pid}"
+
+
+servers = [docs]
+if os.environ.get("MCP_TEST_HTTP_URL"):  # the "tracker": the same server over streamable HTTP
+    servers.append(
+        MCPServer.http(
+            "tracker",
+            os.environ["MCP_TEST_HTTP_URL"],
+            headers_from_env={"Authorization": "Bearer $MCP_TEST_TOKEN"},
+            retry=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
+        )
+    )
+
 mcp_crash_agent = Agent(
     name="mcp_crash_agent",
     instructions="Use the tools, then answer.",
@@ -37,5 +70,5 @@ mcp_crash_agent = Agent(
         heartbeat_timeout_seconds=2.0,
         timeout_seconds=30,
     ),
-    tools=[docs],
+    tools=[*servers, kill_docs_server],
 )

@@ -654,70 +654,107 @@ async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_cal
 # --- a killed worker process ----------------------------------------------------------------------
 
 
-async def test_worker_killed_mid_run_resumes_on_a_new_worker_and_its_new_server_without_repeating_calls(
-    client: Client, temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path
+@dataclass
+class WorkerProcesses:
+    """Workers serving ``tests.mcp_crash_agents`` in processes of their own, so they can die."""
+
+    temporal: DevServer
+    model_server: ScriptedModelServer
+    tmp: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    model: str = field(default_factory=lambda: f"mcp-crash-{uuid.uuid4().hex[:8]}")
+    task_queue: str = field(default_factory=lambda: f"mcp-crash-{uuid.uuid4().hex[:8]}")
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_"))}
+        env.update(
+            TEMPORAL_ADDRESS=self.temporal.address,
+            TEMPORAL_NAMESPACE="default",
+            CRASH_MODEL_URL=self.model_server.base_url,
+            CRASH_MODEL_NAME=self.model,
+            MCP_TEST_DOCS=str(DOCS),
+            PYTHONUNBUFFERED="1",
+            **self.extra_env,
+        )
+        out = open(self.tmp / f"worker-{len(self.processes)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relaykit.cli", "worker", "tests.mcp_crash_agents",
+             "--task-queue", self.task_queue],
+            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+        out.close()
+        self.processes.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+async def wait_for_log(log: ServerLog, tool_name: str, what: str) -> None:
+    deadline = time.monotonic() + RESULT_TIMEOUT
+    while not any(t == tool_name for _, t, _, _ in log.lines()):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_one_run_uses_stdio_and_http_servers_and_survives_a_server_kill_and_a_worker_kill(
+    client: Client, temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path,
+    http_process: HTTPServerProcess,
 ) -> None:
+    # The issue's "done when", in one durable run: tools of a stdio and of an HTTP server, the
+    # stdio server process SIGKILLed between calls, then the worker SIGKILLed during a call.
+    # Every call that completed ran exactly once; the one in flight at the worker kill ran again.
     from tests.test_crash_recovery import forget_sticky_worker, kill
 
-    log = ServerLog(tmp_path / "server.log")
+    log = ServerLog(tmp_path / "stdio.log")
     release = tmp_path / "release"
-    model = f"mcp-crash-{uuid.uuid4().hex[:8]}"
-    task_queue = f"mcp-crash-{uuid.uuid4().hex[:8]}"
+    workers = WorkerProcesses(
+        temporal_server, model_server, tmp_path,
+        extra_env={
+            "MCP_TEST_LOG": str(log.path), "MCP_TEST_RELEASE": str(release),
+            "MCP_TEST_HTTP_URL": http_process.url, "MCP_TEST_TOKEN": http_process.token,
+        },
+    )
     model_server.script(
-        model,
+        workers.model,
         [
-            call("docs_read_doc", id="c_read", name="temporal.md"),
+            batch(call("docs_read_doc", id="c_read", name="temporal.md"), call("tracker_whoami", id="c_who")),
+            call("kill_docs_server", id="c_kill"),
+            call("docs_count", id="c_count"),
             call("docs_slow", id="c_slow", seconds=0),
+            call("tracker_read_doc", id="c_remote", name="mcp.md"),
             text("survived"),
         ],
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_"))}
-    env.update(
-        TEMPORAL_ADDRESS=temporal_server.address,
-        TEMPORAL_NAMESPACE="default",
-        CRASH_MODEL_URL=model_server.base_url,
-        CRASH_MODEL_NAME=model,
-        MCP_TEST_LOG=str(log.path),
-        MCP_TEST_DOCS=str(DOCS),
-        MCP_TEST_RELEASE=str(release),
-        PYTHONUNBUFFERED="1",
-    )
-    processes: list[subprocess.Popen[bytes]] = []
-
-    def start_worker() -> subprocess.Popen[bytes]:
-        out = open(tmp_path / f"worker-{len(processes)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", "tests.mcp_crash_agents", "--task-queue", task_queue],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        )
-        processes.append(proc)
-        return proc
-
     try:
-        first = start_worker()
-        handle = await start_run(client, "mcp_crash_agent", "go", task_queue=task_queue)
-        deadline = time.monotonic() + RESULT_TIMEOUT
-        while sum(t == "slow" for _, t, _, _ in log.lines()) < 1:  # the second call is in flight on the first server
-            assert time.monotonic() < deadline, "the slow call never started"
-            await asyncio.sleep(0.05)
+        first = workers.start()
+        handle = await start_run(client, "mcp_crash_agent", "go", task_queue=workers.task_queue)
+        await wait_for_log(log, "slow", "the slow call never started")
         old_server = log.lines()[-1][0]
         kill(first)
         await forget_sticky_worker(client, handle)
         release.touch()
-        start_worker()
+        workers.start()
         result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
     finally:
-        for proc in processes:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        workers.close()
     assert result.output == "survived"
-    assert log.done()["read_doc \"temporal.md\""] == 1  # completed before the kill: not repeated
-    # In flight at the kill: at-least-once, so it started again on the new worker's server.
-    assert log.started()["slow 0.0"] + log.started()["slow 0"] == 2
-    new_server = log.lines()[-1][0] if log.lines()[-1][1] == "slow" else log.pids("slow")[-1]
-    assert new_server != old_server
-    assert [m.content for m in result.transcript if m.role == "tool"][-1].startswith("waited 0")
+    results = {m.tool_call_id: m for m in result.transcript if m.role == "tool"}
+    assert not any(m.is_error for m in results.values()), results
+    assert results["c_count"].content.startswith("1 calls")  # a fresh process after the kill
+    assert json.loads(results["c_who"].content)["authorization"] == "yes"
+    assert "list and call the tools" in results["c_remote"].content
+    done = log.done()
+    assert done["read_doc \"temporal.md\""] == 1 and done["count 1"] == 1
+    assert log.started()["slow 0.0"] + log.started()["slow 0"] == 2  # in flight at the worker kill
+    assert len({pid for pid, _, _, _ in log.lines()}) == 3  # killed server, restart, new worker's
+    assert http_process.log.done() == {"whoami \"\"": 1, "read_doc \"mcp.md\"": 1}
+    assert log.pids("slow")[-1] != old_server
+    assert results["c_slow"].content.startswith("waited 0")
     deadline = time.monotonic() + 20
     while process_alive(old_server):  # the killed worker's server saw its stdin close and exited
         assert time.monotonic() < deadline, "the dead worker's MCP server process lives on"
