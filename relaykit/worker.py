@@ -128,6 +128,7 @@ class Worker:
             from relaykit.models.local_server import ensure_local_server
 
             ensure_local_server()
+        mcp_activities = self._mcp_activities()  # may refuse: before anything is registered
         registry.register(self.task_queue, self.graph)
         self._model_activities = ModelActivities(transcripts=self.transcripts)
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
@@ -136,7 +137,7 @@ class Worker:
             handoff_activity(h) for h in self.graph.handoffs.values() if h.on_handoff is not None
         )
         activities.extend(self._activities)
-        activities.extend(self._mcp_activities())
+        activities.extend(mcp_activities)
         options = dict(self._options)
         # Heartbeats carry a streaming model call's text; by default Temporal would send them
         # only every 0.8 x heartbeat timeout (24 s for a model call).
