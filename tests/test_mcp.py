@@ -115,6 +115,33 @@ def test_two_different_servers_with_one_name_are_refused_at_worker_start() -> No
         )
 
 
+def test_mcp_tool_names_that_collide_get_a_stable_digest_and_function_tools_keep_theirs() -> None:
+    from relaykit.mcp import MCPListing, MCPToolInfo
+    from relaykit.workflows.mcp_tools import MCPTools
+
+    @tool
+    def docs_read_doc(name: str) -> str:
+        """A function tool that happens to have the name an MCP tool would get."""
+        return name
+
+    docs = MCPServer.stdio("docs", ["x"])
+    bare_a = MCPServer.stdio("a", ["x"], prefix="")
+    bare_b = MCPServer.stdio("b", ["x"], prefix="")
+    agent = Agent(name="collider", tools=[docs_read_doc, docs, bare_a, bare_b])
+    listings = MCPTools(loop=None)  # type: ignore[arg-type]
+    for server, names in ((docs, ["read_doc"]), (bare_a, ["search"]), (bare_b, ["search"])):
+        listings._listings[server.name] = MCPListing(
+            server=server.name, tools=[MCPToolInfo(name=n) for n in names]
+        )
+    names = list(listings.entries(agent))
+    assert names[0].startswith("docs_read_doc_") and len(names[0]) == len("docs_read_doc_") + 8
+    assert names[1] == "search"
+    assert names[2].startswith("search_") and names[2] != names[0]
+    again = MCPTools(loop=None)  # type: ignore[arg-type]
+    again._listings = listings._listings
+    assert list(again.entries(agent)) == names  # the same on every replay
+
+
 def test_results_with_media_and_resources_reach_the_model_as_text_markers() -> None:
     from mcp.types import (
         CallToolResult,
@@ -388,7 +415,10 @@ async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue
         handle = await start_run(client, agent, "count", task_queue=main.task_queue)
         result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
         assert (main.mcp_sessions.opened, remote.mcp_sessions.opened) == (0, 1)
+        (server_pid,) = log.pids("count")
+        assert process_alive(server_pid)
     assert result.output == "done"
+    assert not process_alive(server_pid)  # stopped with the worker that started it
     queues = {
         e.activity_task_scheduled_event_attributes.activity_type.name:
         e.activity_task_scheduled_event_attributes.task_queue.name
