@@ -17,6 +17,7 @@ from relaykit.handoff import (
     for_context_rewrite,
     remove_tool_calls,
 )
+from relaykit.mcp import MCPServer
 from relaykit.messages import Message, ToolCall, Usage
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.runs import (
@@ -60,6 +61,7 @@ __all__ = [
     "HandoffArgs",
     "HandoffCallbackInput",
     "HandoffInputData",
+    "MCPServer",
     "Message",
     "ModelSettings",
     "ModelSpec",

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from relaykit.context_policy import ContextPolicy
 from relaykit.errors import ConfigurationError
+from relaykit.mcp import MCPServer
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.names import tool_name_for
 from relaykit.tools import Tool
@@ -55,7 +56,8 @@ class Agent:
     name: str
     instructions: Instructions = ""
     model: str | ModelSpec | None = None
-    tools: list[Tool | AgentTool] = field(default_factory=list)
+    tools: list[Tool | AgentTool | MCPServer] = field(default_factory=list)
+    """Function tools, agents as tools, and MCP servers (moved to ``mcp_servers`` on init)."""
     handoffs: list[Agent | Handoff] = field(default_factory=list)
     output_type: Any = None
     """A type (pydantic model, dataclass, ``list[str]``…) the final answer must validate against."""
@@ -67,17 +69,25 @@ class Agent:
     context_policy: ContextPolicy | None = None
     """What to do when the transcript nears the context window (taken from the agent a run
     starts with; see :class:`relaykit.ContextPolicy`)."""
+    mcp_servers: list[MCPServer] = field(default_factory=list)
+    """MCP servers whose tools this agent may call (see :class:`relaykit.MCPServer`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigurationError("an Agent needs a non-empty name")
         if self.model is not None:
             self.model = parse_model(self.model)
+        # MCP servers are tool *sources*: kept apart so code that walks ``tools`` sees tools only.
+        servers = [entry for entry in self.tools if isinstance(entry, MCPServer)]
+        if servers:
+            self.tools = [entry for entry in self.tools if not isinstance(entry, MCPServer)]
+            self.mcp_servers = [*self.mcp_servers, *(s for s in servers if s not in self.mcp_servers)]
         for entry in self.tools:
             if not isinstance(entry, (Tool, AgentTool)):
                 raise ConfigurationError(
                     f"agent {self.name!r}: {entry!r} is not a tool",
-                    hint="decorate functions with @relaykit.tool, or use other_agent.as_tool()",
+                    hint="decorate functions with @relaykit.tool, use other_agent.as_tool(), "
+                    "or relaykit.MCPServer.stdio(...)/.http(...)",
                 )
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from relaykit.agent import Agent, AgentTool
 from relaykit.errors import ConfigurationError
 from relaykit.handoff import Handoff, as_handoff
+from relaykit.mcp import MCPServer
 from relaykit.models.spec import ModelSpec
 from relaykit.tools import Tool
 
@@ -40,6 +41,8 @@ class AgentGraph:
     agents: dict[str, Agent] = field(default_factory=dict)
     tools: dict[str, Tool] = field(default_factory=dict)
     handoffs: dict[str, Handoff] = field(default_factory=dict)
+    mcp_servers: dict[str, MCPServer] = field(default_factory=dict)
+    """MCP servers by name (their activities are named after them)."""
     default_model: ModelSpec | None = None
     event_groups: bool = False
     """Whether each turn's commands are grouped for the Temporal UI (set by the worker)."""
@@ -135,6 +138,7 @@ class AgentGraph:
             if known_callback is None:
                 self.handoffs[handoff.tool_name] = handoff
             reached.append(handoff.target)
+        self._add_mcp_servers(agent)
         if agent.subagents is not None:
             for name in RESERVED_NAMES - {"relaykit.model_call"}:
                 claim(name)
@@ -150,6 +154,32 @@ class AgentGraph:
                     )
                 )
         return reached
+
+    def _add_mcp_servers(self, agent: Agent) -> None:
+        """Server names are unique in the graph (they name activities and sessions); the tools
+        they list are only known at run time, where name collisions are resolved
+        (:mod:`relaykit.workflows.mcp_tools`), so here only the prefixes of one agent's servers
+        must differ."""
+        prefixes: dict[str, str] = {}
+        for server in agent.mcp_servers:
+            if not isinstance(server, MCPServer):
+                raise ConfigurationError(f"agent {agent.name!r}: {server!r} is not an MCPServer")
+            known = self.mcp_servers.get(server.name)
+            if known is not None and known is not server:
+                raise ConfigurationError(
+                    f"two different MCP servers are named {server.name!r}",
+                    hint="server names name their activities and worker sessions; use one "
+                    "MCPServer object for both agents, or give one another name",
+                )
+            self.mcp_servers[server.name] = server
+            other = prefixes.get(server.tool_prefix)
+            if other is not None and other != server.name and server.tool_prefix:
+                raise ConfigurationError(
+                    f"MCP servers {other!r} and {server.name!r} of agent {agent.name!r} both "
+                    f"put {server.tool_prefix!r} before their tool names",
+                    hint="give one of them another prefix with MCPServer.stdio(..., prefix=...)",
+                )
+            prefixes[server.tool_prefix] = server.name
 
     def subagent_clone(self, agent: Agent) -> Agent:
         """The agent ``Subagents()`` without agents spawns: ``agent`` without its subagents

@@ -31,13 +31,14 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
 
-def tool_name_for(prefix: str, agent_name: str) -> str:
-    """``prefix + slug(agent_name)``, with a stable digest suffix when the slug lost information."""
+def tool_name_for(prefix: str, agent_name: str, *, fallback: str = "agent") -> str:
+    """``prefix + slug(agent_name)``, with a stable digest suffix when the slug lost information
+    (``fallback`` stands in for a slug that came out empty, e.g. for non-Latin names)."""
     base = slug(agent_name)
     name = f"{prefix}{base}"
     if base == agent_name and len(name) <= MAX_TOOL_NAME:
         return name
     suffix = _digest(agent_name)
-    head = f"{prefix}{base or 'agent'}"
+    head = f"{prefix}{base or fallback}"
     head = head[: MAX_TOOL_NAME - len(suffix) - 1].rstrip("_")
     return f"{head}_{suffix}"

@@ -64,6 +64,8 @@ class Worker:
 
     ``tracing`` turns on OpenTelemetry spans (default: ``RELAYKIT_TRACING``; see
     :mod:`relaykit.tracing`), sent with ``tracer`` or the global tracer provider.
+    Agents' MCP servers (:class:`relaykit.MCPServer`) get one session per server in this worker:
+    stdio servers are subprocesses started on first use and stopped with the worker.
     ``delta_interval`` is how often a streaming model call sends the text written so far to the
     Temporal server, where clients watching the run read it (:mod:`relaykit.streaming`): lower
     is livelier, and costs one heartbeat RPC per interval per streaming call, no history.
@@ -112,6 +114,8 @@ class Worker:
         self.graph.event_groups = event_groups
         self._options = worker_options
         self._model_activities: ModelActivities | None = None
+        self.mcp_sessions: Any = None
+        """The worker's MCP sessions (:class:`relaykit.activities.mcp_activities.MCPSessions`)."""
         self._worker: TemporalWorker | None = None
 
     async def _search_attributes_registered(self) -> bool:
@@ -142,6 +146,7 @@ class Worker:
 
             ensure_local_server()
         self.store.check()  # a bad RELAYKIT_STORE fails here, not in every model call
+        mcp_activities = self._mcp_activities()  # may refuse: before anything is registered
         registry.register(self.task_queue, self.graph)
         self._model_activities = ModelActivities(transcripts=self.transcripts)
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
@@ -150,6 +155,7 @@ class Worker:
             handoff_activity(h) for h in self.graph.handoffs.values() if h.on_handoff is not None
         )
         activities.extend(self._activities)
+        activities.extend(mcp_activities)
         options = dict(self._options)
         # Heartbeats carry a streaming model call's text; by default Temporal would send them
         # only every 0.8 x heartbeat timeout (24 s for a model call).
@@ -170,6 +176,32 @@ class Worker:
         )
         return self._worker
 
+    def _mcp_activities(self) -> list[Any]:
+        """The dynamic activity serving MCP servers' lists and calls, when the graph has any
+        (the ``mcp`` package is imported only then)."""
+        if not self.graph.mcp_servers:
+            return []
+        from temporalio import activity as temporal_activity
+
+        from relaykit.errors import ConfigurationError
+
+        for fn in self._activities:
+            defn = temporal_activity._Definition.from_callable(fn)
+            if defn is not None and defn.name is None:
+                raise ConfigurationError(
+                    "this worker serves MCP servers, which use the worker's dynamic activity",
+                    hint="run your dynamic activity on a worker of another task queue",
+                )
+        try:
+            from relaykit.activities.mcp_activities import MCPSessions
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise ConfigurationError(
+                f"agents use MCP servers but the mcp package cannot be imported: {exc}",
+                hint="pip install 'relaykit[mcp]'",
+            ) from exc
+        self.mcp_sessions = MCPSessions(dict(self.graph.mcp_servers))
+        return [self.mcp_sessions.activity()]
+
     async def run(self) -> None:
         """Run until cancelled (or until :meth:`shutdown`)."""
         worker = await self._build()
@@ -188,6 +220,8 @@ class Worker:
         if self._model_activities is not None:
             await self._model_activities.aclose()
             self._model_activities = None
+        if self.mcp_sessions is not None:  # stops the stdio servers this worker started
+            await self.mcp_sessions.aclose()
 
     async def __aenter__(self) -> Worker:
         worker = await self._build()

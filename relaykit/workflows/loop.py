@@ -56,6 +56,7 @@ from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows.children import SUBAGENT_TOOLS, Children
 from relaykit.transcripts import TRANSCRIPT_MISSING
 from relaykit.workflows.context import ContextTransport
+from relaykit.workflows.mcp_tools import MCPTools
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -107,6 +108,7 @@ class TurnLoop:
         self.on_change: Callable[[], None] | None = None
         """Called after state a person can see changed (the workflow updates its UI details)."""
         self.children = Children(self)
+        self.mcp = MCPTools(self)
         self._pending_switch: tuple[Handoff, str | None] | None = None
         self._background: list[asyncio.Task[Any]] = []
         self.workflow_type = AGENT_RUN_WORKFLOW
@@ -234,6 +236,7 @@ class TurnLoop:
             specs = [entry.spec for entry in agent.tools]
             specs.extend(as_handoff(entry).spec for entry in agent.handoffs)
             specs.extend(self.children.tool_specs(agent))
+            specs.extend(self.mcp.tool_specs(agent))
             self._tool_specs[agent.name] = specs
         return specs
 
@@ -283,6 +286,7 @@ class TurnLoop:
         return settings
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
+        await self.mcp.prepare(agent)  # MCP tool lists: an activity, once per workflow run
         request = self.build_request(agent)
         try:
             response = await self._execute_model_call(request, agent)
@@ -493,6 +497,8 @@ class TurnLoop:
         entry = next((t for t in agent.tools if t.name == call.name), None)
         if entry is None and agent.subagents is not None and call.name in SUBAGENT_TOOLS:
             return await self.children.run_tool(agent, call)
+        if entry is None and (mcp_entry := self.mcp.lookup(agent, call.name)) is not None:
+            return await self.mcp.run_call(agent, mcp_entry, call)
         if entry is None:
             known = ", ".join(spec.name for spec in self.tool_specs(agent)) or "none"
             return self.tool_message(
