@@ -4,7 +4,7 @@ An agent run is a Temporal workflow; every model call and every tool execution i
 so a crash of a worker, a model server or a machine loses nothing.
 """
 
-from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.context_policy import ContextPolicy
 from relaykit.client import RunHandle, connect, get_run, run, start_run
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
@@ -24,6 +24,7 @@ from relaykit.runs import (
     RunEvent,
     RunInput,
     RunResult,
+    RunSetup,
     RunSnapshot,
     RunStatus,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Agent",
     "AgentTool",
     "ApprovalDecision",
+    "ApprovalOrder",
     "Budget",
     "ConfigurationError",
     "ContextPolicy",
@@ -58,6 +60,7 @@ __all__ = [
     "RunHandle",
     "RunInput",
     "RunResult",
+    "RunSetup",
     "RunSnapshot",
     "RunStatus",
     "StreamCursor",
