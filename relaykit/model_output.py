@@ -36,6 +36,10 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+"""One decoder for every call (building one per call costs more than the parsing)."""
+
+
 def parse_object(raw: str) -> tuple[dict[str, Any] | None, str | None]:
     """The arguments as a JSON object, or why they are not one (a sentence for the model).
 
@@ -44,7 +48,7 @@ def parse_object(raw: str) -> tuple[dict[str, Any] | None, str | None]:
     """
     text = raw if raw.strip() else "{}"
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = _STRICT_JSON.decode(text)
     except (ValueError, RecursionError) as exc:
         detail = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
         return None, f"the arguments are not valid JSON ({_head(detail, 200)})"
@@ -69,13 +73,11 @@ def _head(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def recordable_arguments(raw: str) -> str:
-    """``raw`` if it is a JSON object; else a JSON object that keeps the raw text as a string."""
-    if not raw.strip():
-        return "{}"
-    value, problem = parse_object(raw)
+def recordable_arguments(raw: str, problem: str | None) -> str:
+    """``raw`` if it is a JSON object (``problem`` is what :func:`parse_object` said); else a
+    JSON object that keeps the raw text as a string."""
     if problem is None:
-        return raw
+        return raw if raw.strip() else "{}"
     return json.dumps({INVALID_ARGUMENTS_KEY: raw}, ensure_ascii=False)
 
 
@@ -91,6 +93,8 @@ class CheckedCalls:
     """What to run: unique ids, raw arguments."""
     recorded: Message
     """What to keep in the transcript: the same ids, well-formed arguments."""
+    problems: dict[str, str | None]
+    """For each raw argument text: why it is not a JSON object, or ``None``."""
     ids_changed: bool = False
     arguments_changed: bool = False
 
@@ -108,6 +112,7 @@ def check_calls(message: Message, turn: int, *, fix_ids: bool = True) -> Checked
     used: set[str] = set()
     run: list[ToolCall] = []
     recorded: list[ToolCall] = []
+    problems: dict[str, str | None] = {}
     ids_changed = arguments_changed = False
     for position, call in enumerate(message.tool_calls):
         call_id = call.id
@@ -119,15 +124,22 @@ def check_calls(message: Message, turn: int, *, fix_ids: bool = True) -> Checked
                 call_id = f"rk_{turn}_{position}_{suffix}"
             ids_changed = True
         used.add(call_id)
-        arguments = recordable_arguments(call.arguments)
+        if call.arguments not in problems:
+            problems[call.arguments] = parse_object(call.arguments)[1]
+        arguments = recordable_arguments(call.arguments, problems[call.arguments])
         arguments_changed = arguments_changed or arguments != call.arguments
+        if call_id == call.id and arguments == call.arguments:
+            run.append(call)
+            recorded.append(call)
+            continue
         run.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
         recorded.append(ToolCall(id=call_id, name=call.name, arguments=arguments))
     if not (ids_changed or arguments_changed):
-        return CheckedCalls(calls=run, recorded=message)
+        return CheckedCalls(calls=run, recorded=message, problems=problems)
     return CheckedCalls(
         calls=run,
         recorded=message.model_copy(update={"tool_calls": recorded}),
+        problems=problems,
         ids_changed=ids_changed,
         arguments_changed=arguments_changed,
     )

@@ -123,6 +123,7 @@ class TurnLoop:
         self.workflow_type = AGENT_RUN_WORKFLOW
         self._turns_this_run = 0
         self._last_input_tokens = 0
+        self._argument_problems: dict[str, str | None] = {}
         self._decided: dict[str, asyncio.Event] = {}
         """Approval decisions later calls of the turn wait for (lovia's request order)."""
 
@@ -257,12 +258,16 @@ class TurnLoop:
             return [], message, False
         fix_ids = check_ids_needed(message) and workflow.patched(PATCH_CALL_IDS)
         checked = check_calls(message, self.state.turn, fix_ids=fix_ids)
+        self._argument_problems = checked.problems
         return checked.calls, checked.recorded, checked.changed
 
     def _argument_problem(self, call: ToolCall) -> str | None:
         """Why a call's arguments cannot reach any tool (not a JSON object), as the error
         result the model reads; ``None`` when they can."""
-        _, problem = parse_object(call.arguments)
+        if call.arguments in self._argument_problems:  # parsed once, by _checked_calls
+            problem = self._argument_problems[call.arguments]
+        else:
+            problem = parse_object(call.arguments)[1]
         if problem is None or not workflow.patched(PATCH_BAD_ARGUMENTS):
             return None
         return (
