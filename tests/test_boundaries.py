@@ -272,6 +272,30 @@ async def test_handoff_event_carries_the_run_path_of_the_agent_that_handed_over(
     assert (final.agent, final.run_path) == ("billing_p", ["triage_p", "billing_p"])
 
 
+async def test_a_watcher_attributes_the_targets_streamed_text_to_the_target_after_a_handoff(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The handoff event has the source's path; the stream still knows that what follows is the
+    # target's (its deltas carry [triage, billing], as its own events do).
+    billing_model = scripted_model(model_server, stream=True)
+    triage_model = scripted_model(model_server, stream=True)
+    billing = Agent(name="billing_s", model=billing_model)
+    triage = Agent(name="triage_s", model=triage_model, handoffs=[billing])
+    model_server.script(triage_model.name, [call("transfer_to_billing_s")])
+    model_server.script(billing_model.name, [text("Your refund of 49 EUR is on its way to you.")])
+    async with serving(client, triage) as worker:
+        handle = await start_run(client, triage, "refund", task_queue=worker.task_queue)
+        items = [item async for item in handle.stream()]
+        await handle.result()
+    [handoff] = [i for i in items if i.kind == "handoff"]
+    assert handoff.run_path == ["triage_s"]
+    after = items[items.index(handoff) + 1 :]
+    deltas = [i for i in after if i.is_delta]
+    assert deltas and all(
+        (i.agent, i.run_path) == ("billing_s", ["triage_s", "billing_s"]) for i in deltas
+    )
+
+
 # --- approval order (lovia) ---------------------------------------------------------------------
 
 
