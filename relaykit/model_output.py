@@ -17,6 +17,7 @@ Pure functions only (this runs in workflow code, :mod:`relaykit.workflows.loop`)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -103,12 +104,17 @@ class CheckedCalls:
         return self.ids_changed or self.arguments_changed
 
 
-def check_calls(message: Message, turn: int, *, fix_ids: bool = True) -> CheckedCalls:
+def check_calls(
+    message: Message, turn: int, *, fix_ids: bool = True, run_key: str = ""
+) -> CheckedCalls:
     """Make the call ids of one turn unique and safe, and the recorded arguments JSON objects.
 
-    A replaced id is ``rk_<turn>_<position>`` (deterministic, so a replay makes the same one).
-    ``fix_ids=False`` keeps the ids as sent (runs recorded before ids were checked).
+    A replaced id is ``rk_<digest of run_key>_<turn>_<position>``: deterministic, so a replay
+    makes the same one, and distinct between the runs of one tree (a child's approvals surface
+    in its parent's pending approvals, keyed by call id). ``fix_ids=False`` keeps the ids as
+    sent (runs recorded before ids were checked).
     """
+    prefix = f"rk_{hashlib.sha256(run_key.encode()).hexdigest()[:6]}_" if run_key else "rk_"
     used: set[str] = set()
     run: list[ToolCall] = []
     recorded: list[ToolCall] = []
@@ -117,11 +123,11 @@ def check_calls(message: Message, turn: int, *, fix_ids: bool = True) -> Checked
     for position, call in enumerate(message.tool_calls):
         call_id = call.id
         if fix_ids and (not is_safe_call_id(call_id) or call_id in used):
-            call_id = f"rk_{turn}_{position}"
+            call_id = f"{prefix}{turn}_{position}"
             suffix = 0
             while call_id in used or any(c.id == call_id for c in message.tool_calls):
                 suffix += 1
-                call_id = f"rk_{turn}_{position}_{suffix}"
+                call_id = f"{prefix}{turn}_{position}_{suffix}"
             ids_changed = True
         used.add(call_id)
         if call.arguments not in problems:

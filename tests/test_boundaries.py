@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import uuid
 from typing import Any
@@ -87,6 +88,9 @@ def test_call_ids_become_unique_and_safe_within_a_turn_and_arguments_json_object
         ]
     )
     checked = check_calls(message, turn=3)
+    assert check_calls(message, turn=3, run_key="run-a").calls[1].id != check_calls(
+        message, turn=3, run_key="run-b"
+    ).calls[1].id
     ids = [c.id for c in checked.calls]
     assert ids[0] == "dup" and len(set(ids)) == len(ids)
     assert all(c.id == r.id for c, r in zip(checked.calls, checked.recorded.tool_calls))
@@ -123,17 +127,19 @@ async def test_two_calls_with_one_id_both_needing_approval_are_answered_one_by_o
         await handle.approve("call_same")
 
         async def second_pending() -> bool:
-            return [p.call_id for p in await handle.pending_approvals()] == ["rk_1_1"]
+            return [p.call_id for p in await handle.pending_approvals()] != ["call_same"]
 
         await eventually(second_pending, "the second call's approval")
-        await handle.approve("rk_1_1", approved=False, reason="only one refund")
+        (second_call,) = await handle.pending_approvals()
+        assert re.fullmatch(r"rk_[0-9a-f]{6}_1_1", second_call.call_id)
+        await handle.approve(second_call.call_id, approved=False, reason="only one refund")
         result = await handle.result()
     assert result.output == "done" and refunds == ["refund A1"]
     assert await workflow_task_failures(handle) == 0
     [_, second] = model_server.requests(model.name)
-    assert [c["id"] for c in sent_calls(second)] == ["call_same", "rk_1_1"]
+    assert [c["id"] for c in sent_calls(second)] == ["call_same", second_call.call_id]
     results = [m for m in second.messages if m.get("role") == "tool"]
-    assert [m["tool_call_id"] for m in results] == ["call_same", "rk_1_1"]
+    assert [m["tool_call_id"] for m in results] == ["call_same", second_call.call_id]
     assert "only one refund" in results[1]["content"]
 
 
@@ -152,11 +158,12 @@ async def test_empty_and_non_ascii_call_ids_get_ids_every_provider_accepts(
         result = await handle.result()
     assert result.output == "told them" and sorted(seen) == ["notify A1", "notify B2"]
     [assistant] = [m for m in result.transcript if m.role == "assistant" and m.tool_calls]
-    assert [c.id for c in assistant.tool_calls] == ["rk_1_0", "rk_1_1"]
+    ids = [c.id for c in assistant.tool_calls]
+    assert [re.sub(r"^rk_[0-9a-f]{6}_", "rk_", i) for i in ids] == ["rk_1_0", "rk_1_1"]
     second = model_server.requests(model.name)[1]
     uses = [b["id"] for m in second.messages if isinstance(m["content"], list)
             for b in m["content"] if b.get("type") == "tool_use"]
-    assert uses == ["rk_1_0", "rk_1_1"]
+    assert uses == ids
 
 
 # --- arguments ----------------------------------------------------------------------------------

@@ -257,7 +257,9 @@ class TurnLoop:
         if not message.tool_calls:
             return [], message, False
         fix_ids = check_ids_needed(message) and workflow.patched(PATCH_CALL_IDS)
-        checked = check_calls(message, self.state.turn, fix_ids=fix_ids)
+        checked = check_calls(
+            message, self.state.turn, fix_ids=fix_ids, run_key=workflow.info().workflow_id
+        )
         self._argument_problems = checked.problems
         return checked.calls, checked.recorded, checked.changed
 
