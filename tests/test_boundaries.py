@@ -61,6 +61,15 @@ def make_notify(invocations: list[str]) -> Any:
     return notify
 
 
+RUN_TIMEOUT = 60.0
+"""A run these tests start ends within seconds; one that does not is wedged (a failure, not a
+hang of the test session)."""
+
+
+async def finished(handle: RunHandle) -> Any:
+    return await asyncio.wait_for(handle.result(), RUN_TIMEOUT)
+
+
 async def workflow_task_failures(handle: RunHandle) -> int:
     return sum(
         e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
@@ -133,7 +142,7 @@ async def test_two_calls_with_one_id_both_needing_approval_are_answered_one_by_o
         (second_call,) = await handle.pending_approvals()
         assert re.fullmatch(r"rk_[0-9a-f]{6}_1_1", second_call.call_id)
         await handle.approve(second_call.call_id, approved=False, reason="only one refund")
-        result = await handle.result()
+        result = await finished(handle)
     assert result.output == "done" and refunds == ["refund A1"]
     assert await workflow_task_failures(handle) == 0
     [_, second] = model_server.requests(model.name)
@@ -155,7 +164,7 @@ async def test_empty_and_non_ascii_call_ids_get_ids_every_provider_accepts(
     agent = Agent(name="odd_ids", model=model, tools=[make_notify(seen)])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "notify", task_queue=worker.task_queue)
-        result = await handle.result()
+        result = await finished(handle)
     assert result.output == "told them" and sorted(seen) == ["notify A1", "notify B2"]
     [assistant] = [m for m in result.transcript if m.role == "assistant" and m.tool_calls]
     ids = [c.id for c in assistant.tool_calls]
@@ -186,7 +195,7 @@ async def test_arguments_that_are_not_a_json_object_get_an_error_and_go_back_as_
     agent = Agent(name="bad_json", model=model, tools=[make_notify(seen)])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "notify", task_queue=worker.task_queue)
-        result = await handle.result()
+        result = await finished(handle)
     assert result.output == "told them" and seen == ["notify A1"]
     assert await scheduled_activities(handle.workflow) == [
         "relaykit.model_call", "relaykit.model_call", "notify", "relaykit.model_call",
@@ -218,7 +227,7 @@ async def test_a_raising_approval_predicate_becomes_an_error_result(
     agent = Agent(name="raising_predicate", model=model, tools=[refund])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "refund", task_queue=worker.task_queue)
-        result = await handle.result()
+        result = await finished(handle)
     assert result.output == "could not" and refunds == []
     [outcome] = [m for m in result.transcript if m.role == "tool"]
     assert outcome.is_error and "ZeroDivisionError" in outcome.content
@@ -246,7 +255,7 @@ async def test_handoff_with_malformed_or_mistyped_arguments_does_not_switch_agen
     ])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
-        result = await handle.result()
+        result = await finished(handle)
         events = await handle.events()
     assert (result.final_agent, result.output) == ("triage_b", "I will handle it myself.")
     assert audited == []
@@ -271,7 +280,7 @@ async def test_handoff_event_carries_the_run_path_of_the_agent_that_handed_over(
     model_server.script(billing_model.name, [text("refunded")])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund", task_queue=worker.task_queue)
-        await handle.result()
+        await finished(handle)
         events = await handle.events()
     [handoff] = [e for e in events if e.kind == "handoff"]
     assert (handoff.agent, handoff.run_path) == ("triage_p", ["triage_p"])
@@ -293,7 +302,7 @@ async def test_a_watcher_attributes_the_targets_streamed_text_to_the_target_afte
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund", task_queue=worker.task_queue)
         items = [item async for item in handle.stream()]
-        await handle.result()
+        await finished(handle)
     [handoff] = [i for i in items if i.kind == "handoff"]
     assert handoff.run_path == ["triage_s"]
     after = items[items.index(handoff) + 1 :]
@@ -344,7 +353,7 @@ async def test_calls_after_an_approval_wait_for_its_decision_and_run_even_after_
         await eventually(look_up_done, "the look-up to finish")
         assert "notify" not in await scheduled_activities(handle.workflow)
         await handle.approve("call_r", approved=False, reason="not yet")
-        result = await handle.result()
+        result = await finished(handle)
     assert done == ["look_up A1", "notify A1"]
     assert await scheduled_activities(handle.workflow) == [
         "relaykit.model_call", "look_up", "notify", "relaykit.model_call",
@@ -374,7 +383,7 @@ async def test_parallel_approval_order_runs_later_calls_at_once(
 
         await eventually(notified, "the later call to run while the approval waits")
         await handle.approve("call_r")
-        await handle.result()
+        await finished(handle)
     assert done == ["notify A1", "refund A1"]
 
 
@@ -414,7 +423,7 @@ async def test_a_run_replays_on_a_worker_configured_the_other_way(
             handle = await start_run(client, agent, "refund", task_queue=worker.task_queue)
             await waiting_for_approval(handle)
             await handle.approve("call_r")
-            await handle.result()
+            await finished(handle)
         history = await handle.workflow.fetch_history()
         upserts = [
             e for e in history.events
