@@ -8,9 +8,10 @@ So every call of an assistant message passes through here first, and two things 
 - the calls to *run*, with ids made unique within the turn (and safe to send to any provider),
   but with the arguments exactly as written, so the tool's own validation can tell the model
   what was wrong;
-- the message to *record* in the transcript, with the same ids and with arguments that are
-  always a well-formed JSON object: the transcript goes back to the provider on every later
-  turn, and a provider that receives its own malformed JSON back may refuse the whole request.
+- the message to *record* in the transcript, with the same ids, with arguments that are always a
+  well-formed JSON object and tool names a provider accepts: the transcript goes back to the
+  provider on every later turn, and a provider that receives its own malformed output back may
+  refuse the whole request.
 
 Pure functions only (this runs in workflow code, :mod:`relaykit.workflows.loop`).
 """
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relaykit.messages import Message, ToolCall
+from relaykit.names import is_valid_tool_name
 
 MAX_CALL_ID = 64
 """Longest call id kept as the provider sent it (longer ones are replaced)."""
@@ -82,6 +84,14 @@ def recordable_arguments(raw: str, problem: str | None) -> str:
     return json.dumps({INVALID_ARGUMENTS_KEY: raw}, ensure_ascii=False)
 
 
+def recordable_name(name: str) -> str:
+    """``name`` if a provider accepts it as a tool name; else a stable stand-in (a model that
+    calls ``工具`` or ``""`` gets "unknown tool" and must not make the next request invalid)."""
+    if is_valid_tool_name(name):
+        return name
+    return f"invalid_tool_name_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 def is_safe_call_id(call_id: str) -> bool:
     return 0 < len(call_id) <= MAX_CALL_ID and _SAFE_ID.fullmatch(call_id) is not None
 
@@ -98,6 +108,7 @@ class CheckedCalls:
     """For each raw argument text: why it is not a JSON object, or ``None``."""
     ids_changed: bool = False
     arguments_changed: bool = False
+    """Arguments or tool names recorded differently from how they were sent."""
 
     @property
     def changed(self) -> bool:
@@ -133,13 +144,14 @@ def check_calls(
         if call.arguments not in problems:
             problems[call.arguments] = parse_object(call.arguments)[1]
         arguments = recordable_arguments(call.arguments, problems[call.arguments])
-        arguments_changed = arguments_changed or arguments != call.arguments
-        if call_id == call.id and arguments == call.arguments:
+        name = recordable_name(call.name)
+        arguments_changed = arguments_changed or arguments != call.arguments or name != call.name
+        if call_id == call.id and arguments == call.arguments and name == call.name:
             run.append(call)
             recorded.append(call)
             continue
         run.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
-        recorded.append(ToolCall(id=call_id, name=call.name, arguments=arguments))
+        recorded.append(ToolCall(id=call_id, name=name, arguments=arguments))
     if not (ids_changed or arguments_changed):
         return CheckedCalls(calls=run, recorded=message, problems=problems)
     return CheckedCalls(

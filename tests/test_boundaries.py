@@ -94,6 +94,7 @@ def test_call_ids_become_unique_and_safe_within_a_turn_and_arguments_json_object
             ToolCall(id="呼叫", name="b", arguments="[1, 2]"),
             ToolCall(id="x" * 300, name="b", arguments='{"v": NaN}'),
             ToolCall(id="rk_3_1", name="c"),  # a provider id that looks like a replacement
+            ToolCall(id="call_7", name="工具"),  # no provider accepts that name back
         ]
     )
     checked = check_calls(message, turn=3)
@@ -108,6 +109,8 @@ def test_call_ids_become_unique_and_safe_within_a_turn_and_arguments_json_object
     assert all(isinstance(r, dict) for r in recorded)
     assert recorded[1] == {"invalid_arguments": "{bad"} and recorded[2] == {}
     assert checked.ids_changed and checked.arguments_changed
+    assert checked.calls[6].name == "工具"  # runs as written: the model reads "unknown tool"
+    assert re.fullmatch(r"invalid_tool_name_[0-9a-f]{8}", checked.recorded.tool_calls[6].name)
     # Well-formed input passes through untouched (and is the very same message).
     clean = Message.assistant(tool_calls=[ToolCall(id="call_1", name="a", arguments="{}")])
     assert check_calls(clean, turn=1).recorded is clean

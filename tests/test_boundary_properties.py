@@ -29,6 +29,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from relaykit import Agent, Handoff, RunHandle, Worker, get_run, tool
+from relaykit.names import is_valid_tool_name
 from relaykit.runs import RunInput
 from relaykit.testing.scripted_server import ScriptedModelServer, Step, batch, call, text
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
@@ -161,6 +162,7 @@ def _check_well_formed(request: Any) -> None:
         assert len(set(ids)) == len(ids) and all(ids), ids
         for c in calls:
             assert isinstance(json.loads(c["function"]["arguments"]), dict), c
+            assert is_valid_tool_name(c["function"]["name"]), c
 
 
 @settings(
