@@ -15,6 +15,7 @@ import threading
 import uuid
 from typing import Any
 
+from pydantic import BaseModel, field_validator
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -234,6 +235,28 @@ async def test_a_raising_approval_predicate_becomes_an_error_result(
     assert result.output == "could not" and refunds == []
     [outcome] = [m for m in result.transcript if m.role == "tool"]
     assert outcome.is_error and "ZeroDivisionError" in outcome.content
+    assert await workflow_task_failures(handle) == 0
+
+
+async def test_an_output_validator_raising_any_exception_sends_the_answer_back_for_a_retry(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    class Verdict(BaseModel):
+        label: str
+
+        @field_validator("label")
+        @classmethod
+        def known(cls, value: str) -> str:
+            return {"ok": "ok", "bad": "bad"}[value]  # KeyError: pydantic does not wrap it
+
+    model = scripted_model(model_server)
+    model_server.script(model.name, [text('{"label": "maybe"}'), text('{"label": "ok"}')])
+    agent = Agent(name="raising_validator", model=model, output_type=Verdict)
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "judge", task_queue=worker.task_queue)
+        result = await finished(handle)
+    assert result.output == {"label": "ok"}
+    assert "did not match" in model_server.requests(model.name)[1].last_user_text
     assert await workflow_task_failures(handle) == 0
 
 

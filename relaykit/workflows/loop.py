@@ -406,7 +406,7 @@ class TurnLoop:
             return True, text
         try:
             return True, output_type.dump(output_type.parse(text))
-        except ValueError as exc:
+        except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
             self.state.output_retries += 1
             if self.state.output_retries > MAX_OUTPUT_RETRIES:
                 self._fail(
