@@ -64,7 +64,7 @@ def make_notify(invocations: list[str]) -> Any:
 
 RUN_TIMEOUT = 60.0
 """A run these tests start ends within seconds; one that does not is wedged (a failure, not a
-hang of the test session)."""
+hang of the whole test run)."""
 
 
 async def finished(handle: RunHandle) -> Any:
