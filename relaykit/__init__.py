@@ -4,7 +4,7 @@ An agent run is a Temporal workflow; every model call and every tool execution i
 so a crash of a worker, a model server or a machine loses nothing.
 """
 
-from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
 from relaykit.context_policy import ContextPolicy
 from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
@@ -26,6 +26,7 @@ from relaykit.runs import (
     RunEvent,
     RunInput,
     RunResult,
+    RunSetup,
     RunSnapshot,
     RunStatus,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "AgentTool",
     "AgentToolArgs",
     "ApprovalDecision",
+    "ApprovalOrder",
     "Budget",
     "CancelSubagentArgs",
     "ConfigurationError",
@@ -74,6 +76,7 @@ __all__ = [
     "RunHandle",
     "RunInput",
     "RunResult",
+    "RunSetup",
     "RunSnapshot",
     "RunStatus",
     "Store",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +44,9 @@ class RunContext(BaseModel):
 
 Instructions = str | Callable[[RunContext], str]
 
+ApprovalOrder = Literal["request_order", "parallel"]
+"""How a turn's calls are ordered around a call that waits for approval (``Agent.approval_order``)."""
+
 
 @dataclass(eq=False)
 class Agent:
@@ -71,6 +74,11 @@ class Agent:
     starts with; see :class:`relaykit.ContextPolicy`)."""
     mcp_servers: list[MCPServer] = field(default_factory=list)
     """MCP servers whose tools this agent may call (see :class:`relaykit.MCPServer`)."""
+    approval_order: ApprovalOrder = "request_order"
+    """When a call of a turn waits for a person, what happens to the calls the model asked for
+    *after* it: ``"request_order"`` (lovia's, the default) starts them only once that approval
+    is decided, since they may depend on the approved action; ``"parallel"`` runs them at once.
+    Calls asked for *before* it run while it waits, either way (docs/approvals.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -82,6 +90,11 @@ class Agent:
         if servers:
             self.tools = [entry for entry in self.tools if not isinstance(entry, MCPServer)]
             self.mcp_servers = [*self.mcp_servers, *(s for s in servers if s not in self.mcp_servers)]
+        if self.approval_order not in ("request_order", "parallel"):
+            raise ConfigurationError(
+                f"agent {self.name!r}: approval_order must be 'request_order' or 'parallel', "
+                f"not {self.approval_order!r}"
+            )
         for entry in self.tools:
             if not isinstance(entry, (Tool, AgentTool)):
                 raise ConfigurationError(

@@ -48,7 +48,8 @@ class AgentGraph:
     """Whether each turn's commands are grouped for the Temporal UI (set by the worker)."""
     search_attributes: bool = False
     """Whether runs upsert relaykit's search attributes (set by the worker when the namespace
-    has them registered; upserting an unregistered one would fail every workflow task)."""
+    has them registered; upserting an unregistered one would fail every workflow task). Only
+    the runs this worker starts follow it: a run records the choice (``RunState.setup``)."""
 
     @classmethod
     def build(

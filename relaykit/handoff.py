@@ -8,7 +8,9 @@ Semantics (lovia's, see the docs):
 - only the first handoff of a turn executes; a second one in the same turn is rejected before its
   ``on_handoff`` runs; the switch happens after the turn's other tool results are complete;
 - the target sees the whole history; only the system prompt is rebuilt for it;
-- usage, budget, ``max_turns``, mailbox and approvals carry over: there is no nested run.
+- usage, budget, ``max_turns``, mailbox and approvals carry over: there is no nested run;
+- a handoff whose arguments are invalid (not a JSON object, ``reason`` not a string, unknown
+  keys) does not switch agents: the model gets an error result and may call it again.
 
 ``on_handoff`` may do I/O (audit logs), so it runs as an activity named after the handoff tool.
 ``input_filter`` runs in workflow code and must be a pure function of its input.
@@ -20,18 +22,45 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from relaykit.agent import Agent
 from relaykit.errors import ConfigurationError
 from relaykit.messages import Message, ToolSpec
 from relaykit.names import is_valid_tool_name, tool_name_for
+from relaykit.model_output import parse_object
 
 
 class HandoffArgs(BaseModel):
     """What the model passes to a handoff tool, and what ``on_handoff`` receives."""
 
     reason: str | None = None
+
+
+class _StrictHandoffArgs(HandoffArgs):
+    """The handoff tool's schema, enforced: only ``reason``, a string (or null)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def parse_handoff_args(raw: str) -> tuple[HandoffArgs | None, str | None]:
+    """The model's handoff arguments, or why they are invalid (a sentence for the model).
+
+    Runs in workflow code, before anything switches: a handoff whose arguments the model got
+    wrong must not hand the conversation over as if they were right.
+    """
+    value, problem = parse_object(raw)
+    if value is None:
+        return None, problem
+    try:
+        parsed = _StrictHandoffArgs.model_validate(value)
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        return None, details
+    return HandoffArgs(reason=parsed.reason), None
 
 
 class HandoffCallbackInput(BaseModel):

@@ -125,6 +125,19 @@ class ReportTarget(BaseModel):
     url: str | None = None
 
 
+class RunSetup(BaseModel):
+    """Choices that change the commands a run issues and depend on a worker's configuration.
+
+    Made once, at a run's first workflow task (and recorded there as patch markers), then
+    carried by the state, so any worker can replay any run whatever its own configuration.
+    """
+
+    search_attributes: bool = False
+    """Whether the run upserts relaykit's search attributes."""
+    event_groups: bool = False
+    """Whether each turn's commands carry an event group for the Temporal UI."""
+
+
 class RunState(BaseModel):
     """Everything a run must carry across a continue-as-new (and what queries read)."""
 
@@ -160,6 +173,8 @@ class RunState(BaseModel):
     """The original task (first user message); kept through context compaction."""
     runs: int = 1
     """How many workflow runs (continue-as-new generations) this run has had."""
+    setup: RunSetup | None = None
+    """Recorded at the first workflow task (see :class:`RunSetup`)."""
 
 
 class RunInput(BaseModel):

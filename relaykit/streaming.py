@@ -422,6 +422,10 @@ class RunStream:
             run.delta = None
         run.seq = event.seq + 1
         run.agent, run.turn, run.run_path = event.agent, event.turn, list(event.run_path)
+        if event.kind == "handoff" and event.data.get("to"):
+            # The event carries its emitter's path (the source); what follows is the target's.
+            run.agent = str(event.data["to"])
+            run.run_path = [*event.run_path, run.agent]
         if self.children:
             self._discover(run, event)
         if self._duplicate(run, event):

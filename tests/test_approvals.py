@@ -77,10 +77,10 @@ def make_refund_tool(invocations: list[str]) -> Any:
 # --- approvals ----------------------------------------------------------------------------------
 
 
-async def test_call_needing_approval_waits_while_other_calls_of_the_turn_complete(
+async def test_call_needing_approval_waits_while_earlier_calls_of_the_turn_complete(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
-    # A pending approval records who asked for what; calls without approval do not wait for it.
+    # A pending approval records who asked for what; calls asked for before it do not wait.
     refunds: list[str] = []
     looked_up = threading.Event()
 
@@ -95,8 +95,8 @@ async def test_call_needing_approval_waits_while_other_calls_of_the_turn_complet
         model.name,
         [
             batch(
-                call("refund", id="call_refund_1", order_id="A1", amount=30),
                 call("lookup", order_id="A1"),
+                call("refund", id="call_refund_1", order_id="A1", amount=30),
             ),
             text("refunded"),
         ],
@@ -133,7 +133,7 @@ async def test_call_needing_approval_waits_while_other_calls_of_the_turn_complet
     assert result.output == "refunded"
     assert refunds == ["A1:30"]
     tool_results = [m.content for m in result.transcript if m.role == "tool"]
-    assert tool_results == ["refunded 30 for A1", "A1: paid 30"]  # call order, not finish order
+    assert tool_results == ["A1: paid 30", "refunded 30 for A1"]
     assert await scheduled_activities(handle.workflow) == [
         "relaykit.model_call", "lookup", "refund", "relaykit.model_call",
     ]
@@ -550,7 +550,12 @@ async def test_temporal_cli_approves_by_update_and_by_signal(
             text("both done"),
         ],
     )
-    agent = Agent(name="temporal_cli_approved", model=model, tools=[make_refund_tool(refunds)])
+    agent = Agent(
+        name="temporal_cli_approved",
+        model=model,
+        tools=[make_refund_tool(refunds)],
+        approval_order="parallel",  # both approvals wait at once
+    )
     address = temporal_server.address
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "refund both", task_queue=worker.task_queue)

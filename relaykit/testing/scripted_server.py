@@ -505,7 +505,7 @@ class _Handler(BaseHTTPRequestHandler):
         if step.kind in ("error", "overflow"):
             self._send_json(step.status, _error_body(api, step), step.headers)
             return
-        ids = [tc.id or owner._call_id(req.model) for tc in step.calls]
+        ids = [tc.id if tc.id is not None else owner._call_id(req.model) for tc in step.calls]
         rid = f"{req.model}-{req.index + 1}"
         if api == "openai":
             if req.stream:

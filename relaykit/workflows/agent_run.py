@@ -96,7 +96,7 @@ class AgentRun:
             details.append(f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`)")
         workflow.set_current_details("\n".join(details))
         # One upsert per change of agent or status (not per turn: each is a history event).
-        if self._graph.search_attributes and (
+        if self._loop.setup_flag("search_attributes") and (
             self._published is None or key[:2] != self._published[:2]
         ):
             workflow.upsert_search_attributes(

@@ -39,6 +39,7 @@ from relaykit.handoff import (
     HandoffCallbackInput,
     HandoffInputData,
     as_handoff,
+    parse_handoff_args,
 )
 from relaykit.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from relaykit.models.spec import ModelRequest, ModelSettings
@@ -50,6 +51,7 @@ from relaykit.runs import (
     RunEvent,
     RunInput,
     RunResult,
+    RunSetup,
     RunState,
 )
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
@@ -57,6 +59,7 @@ from relaykit.workflows.children import SUBAGENT_TOOLS, Children
 from relaykit.transcripts import TRANSCRIPT_MISSING
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.mcp_tools import MCPTools
+from relaykit.model_output import check_calls, check_ids_needed, parse_object
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -78,6 +81,14 @@ HANDOFF_CALLBACK_RETRY = RetryPolicy(
 handoff fails with an error result (Temporal's default policy would retry a broken callback
 forever and stall the run)."""
 MAX_OUTPUT_RETRIES = 2
+# Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
+# consulted when the change applies (a marker lands in history only then).
+PATCH_CALL_IDS = "relaykit.unique-call-ids"
+PATCH_BAD_ARGUMENTS = "relaykit.reject-bad-arguments"
+PATCH_APPROVAL_ORDER = "relaykit.approval-request-order"
+PATCH_RUN_SETUP = "relaykit.run-setup"
+PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
+PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 MAX_EVENTS_KEPT = 2_000
 EVENTS_KEPT_ACROSS_RUNS = 200
 
@@ -114,10 +125,14 @@ class TurnLoop:
         self.workflow_type = AGENT_RUN_WORKFLOW
         self._turns_this_run = 0
         self._last_input_tokens = 0
+        self._argument_problems: dict[str, str | None] = {}
+        self._decided: dict[str, asyncio.Event] = {}
+        """Approval decisions later calls of the turn wait for (lovia's request order)."""
 
     # --- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
+        self._record_setup()
         if self.state.agent not in self.graph.agents:
             raise ApplicationError(
                 f"unknown agent {self.state.agent!r}; this worker serves: "
@@ -166,8 +181,12 @@ class TurnLoop:
             with self.turn_group(agent):  # [observability] one event group per turn
                 response = await self._call_model(agent)
             message = response.message.model_copy(update={"agent": agent.name})
+            calls, message, corrected = self._checked_calls(message)
             self.state.transcript.append(message)
-            self.transport.after_response(self.state, response.transcript_ref)
+            if not corrected:
+                self.transport.after_response(self.state, response.transcript_ref)
+            # else: the store holds the calls as the provider sent them; the next request sends
+            # the corrected message itself, after the previous stored prefix.
             if message.content:
                 self.emit("message", {"text": message.content})
             self._check_budget()
@@ -179,7 +198,7 @@ class TurnLoop:
                     return self._finish(output)
                 continue
             with self.turn_group(agent):  # [observability]
-                await self._run_tool_calls(agent, message.tool_calls)
+                await self._run_tool_calls(agent, calls)
 
     @property
     def current_agent(self) -> Agent:
@@ -190,7 +209,7 @@ class TurnLoop:
         group for the Temporal UI, when the worker enables it (``Worker(event_groups=True)``).
         Experimental in the SDK; it adds no history event, but a labelled marker to each
         command, so it is off by default (docs/observability.md)."""
-        if not self.graph.event_groups:
+        if not self.setup_flag("event_groups"):
             return contextlib.nullcontext()
         label = f"turn {self.state.turn} · {agent.name}"
         return workflow.create_event_group(f"turn-{self.state.turn}", label=label).scope()
@@ -203,6 +222,62 @@ class TurnLoop:
             self.state.transcript.extend(given)
         self.state.task = next((m for m in self.state.transcript if m.role == "user"), None)
         self.emit("run_started", {"input": given if isinstance(given, str) else len(given)})
+
+    # --- choices recorded once per run -----------------------------------------------------------
+
+    def _record_setup(self) -> None:
+        """Decide, once per run, what depends on the worker's configuration and changes the
+        commands a run issues (search attribute upserts, event groups), and record it: as patch
+        markers in the first workflow task, then in the state a continue-as-new carries. Any
+        worker replays the run the way it was recorded, whatever its own configuration."""
+        if self.state.setup is not None:
+            return
+        if not workflow.patched(PATCH_RUN_SETUP):  # started before the choices were recorded
+            self.state.setup = RunSetup(
+                search_attributes=self.graph.search_attributes,
+                event_groups=self.graph.event_groups,
+            )
+            return
+        self.state.setup = RunSetup(
+            search_attributes=_recorded_choice(
+                PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes
+            ),
+            event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
+        )
+
+    def setup_flag(self, name: str) -> bool:
+        """A recorded choice of :class:`RunSetup` (the worker's configuration before it is
+        recorded)."""
+        source: Any = self.state.setup if self.state.setup is not None else self.graph
+        return bool(getattr(source, name))
+
+    # --- what the model wrote -------------------------------------------------------------------
+
+    def _checked_calls(self, message: Message) -> tuple[list[ToolCall], Message, bool]:
+        """The calls to run and the message to record (:mod:`relaykit.model_output`),
+        and whether the message differs from what the provider sent."""
+        if not message.tool_calls:
+            return [], message, False
+        fix_ids = check_ids_needed(message) and workflow.patched(PATCH_CALL_IDS)
+        checked = check_calls(
+            message, self.state.turn, fix_ids=fix_ids, run_key=workflow.info().workflow_id
+        )
+        self._argument_problems = checked.problems
+        return checked.calls, checked.recorded, checked.changed
+
+    def _argument_problem(self, call: ToolCall) -> str | None:
+        """Why a call's arguments cannot reach any tool (not a JSON object), as the error
+        result the model reads; ``None`` when they can."""
+        if call.arguments in self._argument_problems:  # parsed once, by _checked_calls
+            problem = self._argument_problems[call.arguments]
+        else:
+            problem = parse_object(call.arguments)[1]
+        if problem is None or not workflow.patched(PATCH_BAD_ARGUMENTS):
+            return None
+        return (
+            f"Invalid arguments for tool {call.name!r}: {problem}. The call was not run; "
+            "call it again with a JSON object of arguments."
+        )
 
     async def _turn_boundary(self) -> None:
         """Apply what arrived from outside since the last turn (pause, injected messages)."""
@@ -335,7 +410,7 @@ class TurnLoop:
             return True, text
         try:
             return True, output_type.dump(output_type.parse(text))
-        except ValueError as exc:
+        except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
             self.state.output_retries += 1
             if self.state.output_retries > MAX_OUTPUT_RETRIES:
                 self._fail(
@@ -400,7 +475,7 @@ class TurnLoop:
         return Usage()
 
     def child_search_attributes(self) -> Any:
-        if not self.graph.search_attributes:
+        if not self.setup_flag("search_attributes"):
             return None
         from temporalio.common import TypedSearchAttributes
 
@@ -441,11 +516,13 @@ class TurnLoop:
 
     async def _run_tool_calls(self, agent: Agent, calls: list[ToolCall]) -> None:
         """Run one turn's calls: ordinary calls concurrently, then the first handoff as a
-        barrier; results go back in call order."""
+        barrier; results go back in call order. A call after one that needs approval starts
+        only once that approval is decided (``Agent.approval_order``)."""
         handoffs = {as_handoff(h).tool_name: as_handoff(h) for h in agent.handoffs}
-        first_handoff: tuple[int, ToolCall, Handoff] | None = None
+        first_handoff: tuple[int, ToolCall, Handoff, HandoffArgs] | None = None
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
+        gates = self._approval_gates(agent, calls)
         for index, call in enumerate(calls):
             # [observability] an agent tool's call names its child run, so watchers can follow it
             # (relaykit.streaming); the id is the one Children.run_agent_tool starts.
@@ -454,10 +531,17 @@ class TurnLoop:
             if isinstance(agent_tool, AgentTool):
                 data["workflow_id"] = self.children.agent_tool_workflow_id(agent_tool, call)
             self.emit("tool_call", data)
+            problem = self._argument_problem(call)
+            if problem is not None:
+                results[index] = self.tool_message(call, problem, is_error=True)
+                continue
             handoff = handoffs.get(call.name)
             if handoff is not None:
-                if first_handoff is None:
-                    first_handoff = (index, call, handoff)
+                args = self._handoff_args(call)
+                if isinstance(args, Message):  # invalid: no switch, the model reads why
+                    results[index] = args
+                elif first_handoff is None:
+                    first_handoff = (index, call, handoff, args)
                 else:
                     results[index] = self.tool_message(
                         call,
@@ -466,13 +550,14 @@ class TurnLoop:
                         is_error=True,
                     )
                 continue
-            concurrent.append((index, self._run_one_call(agent, call)))
+            wait_for, decided = gates[index]
+            concurrent.append((index, self._gated_call(agent, call, wait_for, decided)))
         outcomes = await asyncio.gather(*(coro for _, coro in concurrent))
         for (index, _), outcome in zip(concurrent, outcomes):
             results[index] = outcome
         if first_handoff is not None:
-            index, call, handoff = first_handoff
-            results[index] = await self._run_handoff(agent, call, handoff)
+            index, call, handoff, args = first_handoff
+            results[index] = await self._run_handoff(agent, call, handoff, args)
         for message in results:
             assert message is not None
             self.state.transcript.append(message)
@@ -487,6 +572,61 @@ class TurnLoop:
             )
         if self._pending_switch is not None:
             self._switch_agent(*self._pending_switch)
+
+    def _approval_gates(
+        self, agent: Agent, calls: list[ToolCall]
+    ) -> list[tuple[asyncio.Event | None, asyncio.Event | None]]:
+        """For each call: the approval decision it waits for before it starts, and the event
+        its own approval decision sets (lovia's order: a later call may depend on the approved
+        action, so it never runs before that action is decided)."""
+        none: list[tuple[asyncio.Event | None, asyncio.Event | None]] = [(None, None)] * len(calls)
+        if agent.approval_order != "request_order":
+            return none
+        needs = [self._needs_approval(agent, call) for call in calls]
+        if True not in needs or True not in needs[: len(calls) - 1]:
+            return none  # no call comes after one that waits for a person
+        if not workflow.patched(PATCH_APPROVAL_ORDER):  # recorded when every call ran at once
+            return none
+        gates: list[tuple[asyncio.Event | None, asyncio.Event | None]] = []
+        waiting: asyncio.Event | None = None
+        for call, needed in zip(calls, needs):
+            decided = asyncio.Event() if needed else None
+            gates.append((waiting, decided))
+            if decided is not None:
+                self._decided[call.id] = decided
+                waiting = decided
+        return gates
+
+    def _needs_approval(self, agent: Agent, call: ToolCall) -> bool:
+        """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
+        entry = next((t for t in agent.tools if t.name == call.name), None)
+        try:
+            if entry is None and (mcp_entry := self.mcp.lookup(agent, call.name)) is not None:
+                arguments = json.loads(call.arguments or "{}")
+                return isinstance(arguments, dict) and bool(
+                    mcp_entry.server.requires_approval(mcp_entry.info.name, arguments)
+                )
+            if not isinstance(entry, Tool) or not entry.needs_approval:
+                return False
+            return entry.requires_approval(entry.parse_arguments(call.arguments).model_dump())
+        except Exception:  # noqa: BLE001 - the call itself turns this into an error result
+            return False
+
+    async def _gated_call(
+        self,
+        agent: Agent,
+        call: ToolCall,
+        wait_for: asyncio.Event | None,
+        decided: asyncio.Event | None,
+    ) -> Message:
+        try:
+            if wait_for is not None:
+                await wait_for.wait()
+            return await self._run_one_call(agent, call)
+        finally:
+            if decided is not None:  # also when the call failed before asking a person
+                decided.set()
+                self._decided.pop(call.id, None)
 
     def tool_message(self, call: ToolCall, content: str, *, is_error: bool = False) -> Message:
         return Message.tool_result(call, content, is_error=is_error).model_copy(
@@ -512,17 +652,40 @@ class TurnLoop:
             arguments = entry.parse_arguments(call.arguments)
         except ValueError as exc:
             return self.tool_message(call, str(exc), is_error=True)
-        if entry.requires_approval(arguments.model_dump()):
-            decision = await self._await_approval(agent, entry, call)
-            if not decision.approved:
-                if decision.timed_out:
-                    text = "The call was not run: nobody approved it in time (approval timed out)."
-                elif decision.reason:
-                    text = f"The call was rejected by a person: {decision.reason}."
-                else:
-                    text = "The call was rejected by a person."
-                return self.tool_message(call, text, is_error=True)
+        except Exception as exc:  # noqa: BLE001 - whatever the model wrote: a result, not a stuck task
+            return self.tool_message(
+                call, f"Invalid arguments for tool {entry.name!r}: {exc}", is_error=True
+            )
+        try:
+            approval_needed = entry.requires_approval(arguments.model_dump())
+        except Exception as exc:  # noqa: BLE001 - a raising predicate must not wedge the run
+            return self.tool_message(
+                call,
+                f"The call was not run: deciding whether it needs approval failed "
+                f"({type(exc).__name__}: {exc}).",
+                is_error=True,
+            )
+        if approval_needed:
+            refusal = await self.approve_or_refuse(agent, entry, call)
+            if refusal is not None:
+                return refusal
         return await self._execute_tool(agent, entry, call)
+
+    async def approve_or_refuse(self, agent: Agent, entry: Any, call: ToolCall) -> Message | None:
+        """Wait for a person's decision on ``call``; ``None`` to go ahead, else the error result
+        the model reads. Later calls of the turn may start as soon as it is decided."""
+        decision = await self._await_approval(agent, entry, call)
+        if call.id in self._decided:
+            self._decided.pop(call.id).set()
+        if decision.approved:
+            return None
+        if decision.timed_out:
+            text = "The call was not run: nobody approved it in time (approval timed out)."
+        elif decision.reason:
+            text = f"The call was rejected by a person: {decision.reason}."
+        else:
+            text = "The call was rejected by a person."
+        return self.tool_message(call, text, is_error=True)
 
     async def _execute_tool(self, agent: Agent, entry: Tool, call: ToolCall) -> Message:
         invocation = ToolInvocation(
@@ -621,14 +784,27 @@ class TurnLoop:
 
     # --- handoff --------------------------------------------------------------------------------
 
-    async def _run_handoff(self, agent: Agent, call: ToolCall, handoff: Handoff) -> Message:
-        """Validate the handoff and run its ``on_handoff``; the switch itself waits for the end
-        of the turn (:meth:`_switch_agent`)."""
+    def _handoff_args(self, call: ToolCall) -> HandoffArgs | Message:
+        """The handoff's arguments, or the error result for invalid ones (a handoff the model
+        got wrong does not switch agents: the model reads why and may call it again)."""
+        args, problem = parse_handoff_args(call.arguments)
+        if args is not None:
+            return args
+        if not workflow.patched(PATCH_BAD_ARGUMENTS):  # recorded when any handoff switched
+            return HandoffArgs()
+        return self.tool_message(
+            call,
+            f"The handoff did not happen: invalid arguments for {call.name!r}: {problem}. "
+            "Call it again with {} or {\"reason\": \"<text>\"}.",
+            is_error=True,
+        )
+
+    async def _run_handoff(
+        self, agent: Agent, call: ToolCall, handoff: Handoff, args: HandoffArgs
+    ) -> Message:
+        """Run the handoff's ``on_handoff``; the switch itself waits for the end of the turn
+        (:meth:`_switch_agent`)."""
         self._pending_switch = None
-        try:
-            args = HandoffArgs.model_validate_json(call.arguments or "{}")
-        except ValueError:
-            args = HandoffArgs()
         if handoff.on_handoff is not None:
             try:
                 await workflow.execute_activity(
@@ -668,13 +844,16 @@ class TurnLoop:
             )
             self.state.transcript_offset = 0
             self.transport.forget(self.state)
+        source_path = list(self.state.run_path)
         self.state.agent = target
         self.state.output_retries = 0
         self.state.run_path = [*self.state.run_path, target]
+        # Eino: an event's run path is the path of the agent that emitted it (the source).
         self.emit(
             "handoff",
             {"from": source, "to": target, "reason": reason, "turn": self.state.turn},
             agent=source,
+            run_path=source_path,
         )
 
     # --- long runs: continue-as-new and context compaction -----------------------------------
@@ -765,7 +944,14 @@ class TurnLoop:
 
     # --- events and status ----------------------------------------------------------------------
 
-    def emit(self, kind: EventKind, data: dict[str, Any], *, agent: str | None = None) -> None:
+    def emit(
+        self,
+        kind: EventKind,
+        data: dict[str, Any],
+        *,
+        agent: str | None = None,
+        run_path: list[str] | None = None,
+    ) -> None:
         events = self.state.events
         events.append(
             RunEvent(
@@ -773,7 +959,7 @@ class TurnLoop:
                 kind=kind,
                 agent=agent or self.state.agent,
                 turn=self.state.turn,
-                run_path=list(self.state.run_path),
+                run_path=list(self.state.run_path if run_path is None else run_path),
                 data=data,
                 at=workflow.now(),
             )
@@ -793,6 +979,14 @@ class TurnLoop:
         self.state.status = status
         if self.on_change is not None:
             self.on_change()
+
+
+def _recorded_choice(patch_id: str, configured: bool) -> bool:
+    """A yes/no choice recorded as a patch marker: made from the worker's configuration when the
+    run first executes, read back from the marker when it is replayed (on any worker)."""
+    if workflow.unsafe.is_replaying():
+        return workflow.patched(patch_id)
+    return configured and workflow.patched(patch_id)
 
 
 def _head(text: str, limit: int = 500) -> str:

@@ -129,15 +129,9 @@ class MCPTools:
             )
         server = entry.server
         if server.requires_approval(entry.info.name, arguments):
-            decision = await loop._await_approval(agent, entry, call)  # type: ignore[arg-type]
-            if not decision.approved:
-                if decision.timed_out:
-                    text = "The call was not run: nobody approved it in time (approval timed out)."
-                elif decision.reason:
-                    text = f"The call was rejected by a person: {decision.reason}."
-                else:
-                    text = "The call was rejected by a person."
-                return loop.tool_message(call, text, is_error=True)
+            refusal = await loop.approve_or_refuse(agent, entry, call)
+            if refusal is not None:
+                return refusal
         request = MCPCallRequest(
             server=server.name,
             tool=entry.info.name,

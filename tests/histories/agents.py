@@ -89,6 +89,7 @@ SCENARIOS = [
     Scenario("tool_loop", "replay-tool-loop", calculator, "What is 2+3, plus 10?"),
     Scenario("handoff", "replay-handoff", triage, "I was charged twice for invoice INV-7."),
     Scenario("approval", "replay-approval", refunder, "Refund 30 EUR on order A1, and 5 on B2."),
+    Scenario("boundaries", "replay-boundaries", refunder, "Refund A1 and B2, then C3."),
 ]
 
 

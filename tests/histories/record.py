@@ -4,11 +4,13 @@ Run it by hand from the repository root when a change to the workflow code is *m
 what runs do (see ``docs/replay.md`` first: usually a change must replay the old histories
 unchanged, behind ``workflow.patched``)::
 
-    python -m tests.histories.record
+    python -m tests.histories.record              # every scenario
+    python -m tests.histories.record boundaries   # only the named ones
 
-It starts its own in-memory Temporal dev server and scripted model server, runs the three
-scenarios of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by
-update and once by signal) with fixed workflow ids and task queues, and writes each history to
+It starts its own in-memory Temporal dev server and scripted model server, runs the scenarios
+of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by update and
+once by signal, and a turn with a repeated call id, cut-off arguments and approvals in request
+order) with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 from temporalio.client import Client
@@ -48,6 +51,16 @@ SCRIPTS: dict[str, list[Step]] = {
         ),
         text("Refunded 30 EUR on A1; the refund on B2 was rejected."),
     ],
+    # Recorded with the run setup markers, unique call ids, bad arguments refused and approvals
+    # in request order: the provider repeats an id, and a third call's JSON is cut off.
+    "boundaries": [
+        batch(
+            call("refund", id="call_dup", order_id="A1", amount=30),
+            call("refund", id="call_dup", order_id="B2", amount=5),
+            call("refund", raw_arguments='{"order_id": "C3"', id="call_c3"),
+        ),
+        text("Refunded 30 EUR on A1; B2 was rejected; C3 needs valid arguments."),
+    ],
 }
 
 
@@ -57,6 +70,15 @@ async def _wait_for_approvals(handle: RunHandle, count: int) -> None:
             return
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{handle.id} never asked for {count} approvals")
+
+
+async def _next_approval(handle: RunHandle, answered: str) -> str:
+    for _ in range(500):
+        waiting = [p.call_id for p in await handle.pending_approvals() if p.call_id != answered]
+        if waiting:
+            return waiting[0]
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{handle.id} never asked for a second approval")
 
 
 async def record(scenario: Scenario, client: Client, base_url: str) -> str:
@@ -73,6 +95,14 @@ async def record(scenario: Scenario, client: Client, base_url: str) -> str:
             client, scenario.agent, scenario.prompt,
             task_queue=scenario.task_queue, id=scenario.workflow_id,
         )
+        if scenario.name == "boundaries":  # one approval at a time, in request order
+            await _wait_for_approvals(handle, 1)
+            await handle.approve("call_dup")
+            second = await _next_approval(handle, "call_dup")
+            await handle.workflow.signal(
+                "approve_signal",
+                ApprovalDecision(call_id=second, approved=False, reason="duplicate"),
+            )
         if scenario.name == "approval":
             await _wait_for_approvals(handle, 2)
             await handle.approve("call_refund_a1")
@@ -87,16 +117,18 @@ async def record(scenario: Scenario, client: Client, base_url: str) -> str:
     return f"{path.name}: {len(history.events)} events, output {result.output!r}"
 
 
-async def main() -> None:
+async def main(names: list[str]) -> None:
     with ScriptedModelServer() as model_server:
         async with DevServer(port=0, headless=True, in_memory=True) as server:
             client = await Client.connect(
                 server.address, data_converter=pydantic_data_converter, identity=IDENTITY
             )
             for scenario in SCENARIOS:
+                if names and scenario.name not in names:
+                    continue
                 model_server.script(MODEL_NAME, SCRIPTS[scenario.name])
                 print(await record(scenario, client, f"{model_server.base_url}/v1"))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))
