@@ -184,7 +184,7 @@ class RunInput(BaseModel):
     """Name of the agent that starts the run."""
     input: str | list[Message] = ""
     """The task: a prompt, or a whole conversation to continue."""
-    max_turns: int = 50
+    max_turns: int = Field(50, ge=1)
     answer_on_last_turn: bool = False
     """On the last allowed turn, withhold tools (``tool_choice="none"``) so the model must answer,
     instead of the run failing with ``MaxTurnsExceeded``."""

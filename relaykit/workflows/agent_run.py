@@ -9,12 +9,15 @@ compatibility data for runs in flight.
 
 from __future__ import annotations
 
-from temporalio import workflow
 import json
 
+from pydantic import ValidationError
+from temporalio import workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
-from relaykit import registry
+from relaykit import errors, registry
 from relaykit.runs import (
     ApprovalDecision,
     ChildReport,
@@ -36,20 +39,31 @@ from relaykit.workflows.children import (
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, TurnLoop
 
 
+NO_INPUT = RawValue(Payload())
+"""What a start request without any input arrives as (it then fails with ``InvalidRunInput``)."""
+
+
 @workflow.defn(name=AGENT_RUN_WORKFLOW)
 class AgentRun:
     @workflow.init
-    def __init__(self, input: RunInput) -> None:
+    def __init__(self, input: RawValue = NO_INPUT) -> None:
         graph = registry.graph_for(workflow.info().task_queue)
         if graph is None:  # pragma: no cover - a relaykit Worker always registers its graph
             raise RuntimeError("no relaykit agent graph registered for this task queue")
         self._graph = graph
-        self._loop = TurnLoop(graph, input)
+        self._input, self._input_error = _parse_input(input)
+        self._loop = TurnLoop(graph, self._input)
         self._loop.on_change = self._publish
         self._published: tuple[str, str, int] | None = None
 
     @workflow.run
-    async def run(self, input: RunInput) -> RunResult:
+    async def run(self, input: RawValue = NO_INPUT) -> RunResult:
+        """``input`` is a :class:`RunInput`; it arrives raw and is parsed here, so that a start
+        request with a malformed input (from the ``temporal`` CLI or any client) fails the run
+        with ``InvalidRunInput`` instead of failing every workflow task, forever."""
+        if self._input_error is not None:
+            raise ApplicationError(self._input_error, type=errors.INVALID_RUN_INPUT, non_retryable=True)
+        input = self._input
         if input.report_to is None:
             try:
                 return await self._loop.run()
@@ -202,3 +216,23 @@ class AgentRun:
             self._loop.state.mailbox.append(text)
         self._loop.state.paused = False
 
+
+def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
+    """The run's input, or a stand-in and the reason the given one cannot start a run."""
+    try:
+        return workflow.payload_converter().from_payload(raw.payload, RunInput), None
+    except Exception as exc:  # noqa: BLE001 - whatever a client sent, the run must end, not hang
+        if isinstance(exc, ValidationError):
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'input'}: {err['msg']}"
+                for err in exc.errors(include_url=False)[:10]
+            )
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        if len(detail) > 1_000:
+            detail = detail[:999] + "…"
+        message = (
+            f"the input is not a valid AgentRun input: {detail} (expected a JSON object such as "
+            '{"agent": "triage", "input": "…"}; see relaykit.RunInput)'
+        )
+        return RunInput(agent=""), message
