@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 
@@ -102,7 +104,7 @@ def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
 
 async def _serve(
     stack: AsyncExitStack, target: str, port: int, ui_port: int, data_dir: str, task_queue: str,
-    scripted_responder: Responder,
+    scripted_responder: Responder, worker_options: dict[str, Any] | None = None,
 ) -> tuple[DevServer, Worker, ModelChoice]:
     agents = load_agents(target)
     choice = choose_model()
@@ -117,7 +119,9 @@ async def _serve(
     server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
     stack.callback(server.stop)
     client = await connect(server.address)
-    worker = Worker(client, agents, task_queue=task_queue, default_model=spec)
+    worker = Worker(
+        client, agents, task_queue=task_queue, default_model=spec, **(worker_options or {})
+    )
     await stack.enter_async_context(worker)
     console.print(f"Temporal UI: [bold]{server.ui_url}[/bold]  ·  frontend {server.address}")
     console.print(f"model: [bold]{choice.label}[/bold]")
@@ -146,15 +150,41 @@ def find_scripted_responder(target: str) -> Responder | None:
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
+async def run_dev(
+    target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str,
+    worker_options: dict[str, Any] | None = None,
+) -> None:
+    """Serve until SIGTERM or Ctrl-C; then the worker stops gracefully (calls in flight may
+    finish within its ``graceful_shutdown_timeout``) before the server stops. A second signal
+    stops at once."""
     from relaykit.testing.scripted_server import echo
 
     load_agents(target)  # a clear error for a bad module before anything starts
     responder = find_scripted_responder(target) or echo
     async with AsyncExitStack() as stack:
-        await _serve(stack, target, port, ui_port, data_dir, task_queue, responder)
+        await _serve(stack, target, port, ui_port, data_dir, task_queue, responder, worker_options)
         console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
-        await asyncio.Event().wait()
+        await _wait_for_stop_signal()
+        console.print("stopping: the worker finishes calls in flight, then the server stops")
+
+
+async def _wait_for_stop_signal() -> None:
+    """Return on the first SIGTERM/SIGINT; the handlers go with it, so a second signal acts as
+    usual (Ctrl-C interrupts the shutdown, SIGTERM ends the process)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    installed = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        await stop.wait()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
 
 
 async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None) -> None:
