@@ -1,11 +1,12 @@
 """``python -m bench.crash``: what worker crashes cost runs that use default tool settings.
 
 Two phases on one in-memory Temporal dev server, each with 30 concurrent runs of K tool-calling
-turns served by two ``relaykit worker`` processes (the real CLI, default options):
+turns served by three ``relaykit worker`` processes (the real CLI, default options):
 
 1. **no kills**: the wall time from the first start to the last result;
-2. **kills**: the same load while the driver SIGKILLs a worker 6 times, spread over the first
-   three quarters of the no-kill wall time, and starts a replacement at once each time.
+2. **kills**: the same load while the driver SIGKILLs the oldest worker 6 times, spread over the
+   first three quarters of the no-kill wall time, and starts a replacement at once each time
+   (the replacement needs seconds to start: on a loaded machine as long as 10-20 s).
 
 The target: phase 2 takes at most 2x phase 1, every run's answer and transcript are right, and no
 completed call is repeated. Executions are counted outside the workers: model requests at the
@@ -18,8 +19,8 @@ The tool is ``async`` with default settings (``@tool``: 10 s heartbeat timeout, 
 heartbeats, 5 attempts). Model calls get a 5 s heartbeat timeout (a ``ModelSpec`` setting; the
 default is 30 s), as the crash tests use.
 
-Options: ``--runs`` (30), ``--turns`` (12), ``--kills`` (6), ``--tool-seconds`` (0.5),
-``--model-latency-ms`` (100), ``--json PATH``.
+Options: ``--runs`` (30), ``--turns`` (24), ``--kills`` (6), ``--workers`` (3),
+``--tool-seconds`` (0.5), ``--model-latency-ms`` (100), ``--json PATH``.
 """
 
 from __future__ import annotations
@@ -157,9 +158,9 @@ async def run_phase(
 ) -> list[Any]:
     from relaykit import start_run
 
-    for _ in range(2):
+    for _ in range(args.workers):
         start_worker(phase, env, tmp)
-    await asyncio.to_thread(wait_serving, tmp, phase, 2)
+    await asyncio.to_thread(wait_serving, tmp, phase, args.workers)
     started = time.monotonic()
     handles = [
         await start_run(
@@ -170,10 +171,9 @@ async def run_phase(
     ]
 
     async def killer() -> None:
-        for n, at in enumerate(kill_at):
+        for at in kill_at:
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            alive = [p for p in phase.workers if p.poll() is None]
-            victim = alive[n % len(alive)]
+            victim = next(p for p in phase.workers if p.poll() is None)  # the oldest
             victim.send_signal(signal.SIGKILL)
             await asyncio.to_thread(victim.wait)
             phase.kills.append(round(time.monotonic() - started, 1))
@@ -272,7 +272,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         )
         env[ENV_MODEL_URL] = models.base_url
         env[ENV_TOOL_SECONDS] = str(args.tool_seconds)
-        report: dict[str, Any] = {"runs": args.runs, "turns": args.turns, "kills": args.kills}
+        report: dict[str, Any] = {
+            "runs": args.runs, "turns": args.turns, "kills": args.kills, "workers": args.workers,
+        }
         base = Phase("base", f"crash-base-{uuid.uuid4().hex[:6]}", tmp / "base-tools.log")
         base.tool_log.touch()
         runs = await run_phase(base, client, {**env, ENV_TOOL_LOG: str(base.tool_log)}, tmp, args, [])
@@ -298,8 +300,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.crash", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--turns", type=int, default=24)
     parser.add_argument("--kills", type=int, default=6)
+    parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--tool-seconds", type=float, default=0.5)
     parser.add_argument("--model-latency-ms", type=float, default=100.0)
     parser.add_argument("--json", default=None, help="also write the report to this file")
