@@ -264,7 +264,28 @@ class _Beats:
         info = activity.info()
         timeout = info.heartbeat_timeout
         interval = max(timeout.total_seconds() / 4, 0.05) if timeout else None
-        return cls(interval, tuple(info.heartbeat_details))
+        beats = cls(interval, tuple(info.heartbeat_details))
+        beats._record_direct_heartbeats()
+        return beats
+
+    def _record_direct_heartbeats(self) -> None:
+        """Tools may call ``activity.heartbeat(progress)`` themselves rather than through
+        :class:`ToolContext`; remember those details too, so automatic beats repeat them. The
+        SDK keeps the heartbeat function on a per-attempt context object."""
+        context = getattr(activity, "_Context", None)
+        try:
+            current = context.current() if context is not None else None
+        except RuntimeError:
+            return
+        original = getattr(current, "heartbeat", None)
+        if current is None or original is None:
+            return
+
+        def recording(*details: Any) -> None:
+            self.progress = details
+            original(*details)
+
+        current.heartbeat = recording
 
     def send(self) -> None:
         activity.heartbeat(*self.progress)

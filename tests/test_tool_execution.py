@@ -117,6 +117,22 @@ async def resumable(key: str, ctx: ToolContext) -> str:
     return f"resumed from {ctx.progress}"
 
 
+@tool(heartbeat_timeout=1)
+async def resumable_raw(key: str) -> str:
+    """Like ``resumable``, but heartbeating through the Temporal SDK directly.
+
+    Args:
+        key: Counter key.
+    """
+    from temporalio import activity
+
+    if _count(key) == 1:
+        activity.heartbeat({"rows": 7})
+        await asyncio.sleep(1.5)
+        raise ApplicationError("connection reset", next_retry_delay=timedelta(milliseconds=50))
+    return f"resumed from {list(activity.info().heartbeat_details)}"
+
+
 HUNG = threading.Event()
 
 
@@ -270,6 +286,19 @@ async def test_automatic_heartbeats_keep_the_progress_a_tool_reported_for_its_re
         result = await asyncio.wait_for(handle.result(), timeout=60)
     assert RUNS[key] == 2
     assert [m.content for m in _tool_results(result)] == ["resumed from {'pages': 3}"]
+
+
+async def test_automatic_heartbeats_keep_progress_sent_with_the_sdk_heartbeat_too(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    key = uuid.uuid4().hex
+    agent, model = _agent(model_server, "resumable_raw_agent", resumable_raw)
+    model_server.script(model, [call("resumable_raw", key=key), text("ok")])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    assert RUNS[key] == 2
+    assert [m.content for m in _tool_results(result)] == ["resumed from [{'rows': 7}]"]
 
 
 async def test_hung_sync_tools_do_not_make_unrelated_runs_model_calls_fail(
