@@ -65,7 +65,9 @@ MAX_TOOL_RESULT_BYTES = 256 * 1024
 refuses payloads over 2 MB (by default), and a result also travels in the next model request."""
 MAX_TOOL_ERROR_BYTES = 16 * 1024
 """Cap on an error message (and an ``ApplicationError``'s details) a tool produces."""
-PAYLOAD_CUT_MARKER = "\n[… cut by relaykit: {dropped} characters dropped to stay under {limit} bytes]"
+PAYLOAD_CUT_MARKER = (
+    "\n[… cut by relaykit: {dropped} characters dropped to stay under {limit} bytes]"
+)
 
 
 class ToolContext(BaseModel):

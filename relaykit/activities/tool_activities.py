@@ -63,7 +63,9 @@ def bounded_application_error(exc: ApplicationError) -> ApplicationError:
     except Exception:  # noqa: BLE001 - details that cannot be encoded would fail the attempt too
         encoded = MAX_TOOL_ERROR_BYTES + 1
     if encoded > MAX_TOOL_ERROR_BYTES:
-        details = (f"[details dropped by relaykit: {encoded} bytes encoded, over {MAX_TOOL_ERROR_BYTES}]",)
+        details = (
+            f"[details dropped by relaykit: {encoded} bytes encoded, over {MAX_TOOL_ERROR_BYTES}]",
+        )
     cause = exc.__cause__
     if cause is not None:
         message = cut_to_bytes(
