@@ -41,7 +41,14 @@ from relaykit.subagents import (
     Subagents,
     WaitSubagentsArgs,
 )
-from relaykit.tools import Tool, ToolContext, tool
+from relaykit.tools import (
+    DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
+    DEFAULT_TOOL_RETRY,
+    MAX_TOOL_RESULT_BYTES,
+    Tool,
+    ToolContext,
+    tool,
+)
 from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
 from relaykit.workflows.loop import run_agent
 
@@ -49,6 +56,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "DEFAULT_TOOL_HEARTBEAT_TIMEOUT",
+    "DEFAULT_TOOL_RETRY",
+    "MAX_TOOL_RESULT_BYTES",
     "MAX_WAIT_SECONDS",
     "Agent",
     "AgentTool",

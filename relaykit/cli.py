@@ -41,6 +41,7 @@ from relaykit.client import (
 )
 from relaykit.errors import RelaykitError, RunFailed
 from relaykit.runs import RunResult
+from relaykit.worker import DEFAULT_GRACEFUL_SHUTDOWN, DEFAULT_STICKY_TIMEOUT, DEFAULT_TOOL_THREADS
 
 app = typer.Typer(
     name="relaykit",
@@ -63,6 +64,60 @@ NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="Temporal 
 TaskQueueOpt = Annotated[str, typer.Option("--task-queue", "-q", help="Task queue of the worker")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text")]
 RunIdArg = Annotated[str, typer.Argument(help="Workflow id of the run")]
+ToolThreadsOpt = Annotated[
+    int, typer.Option("--tool-threads", min=1, help="Threads of the worker's pool for sync tools")
+]
+MaxActivitiesOpt = Annotated[
+    int | None,
+    typer.Option("--max-concurrent-activities", min=1, help="Model and tool calls run at once (default: Temporal's)"),
+]
+StickyOpt = Annotated[
+    float,
+    typer.Option(
+        "--sticky-timeout", min=0.1,
+        help="Seconds a run's next step waits for the worker that has it cached before another may take it",
+    ),
+]
+GraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--graceful-shutdown", min=0,
+        help="On SIGTERM/Ctrl-C, seconds calls in flight may take to finish before they are cancelled",
+    ),
+]
+
+
+def worker_options(
+    tool_threads: int, max_concurrent_activities: int | None, sticky_timeout: float, grace: float
+) -> dict[str, Any]:
+    """The ``relaykit.Worker`` keywords the ``worker`` and ``dev`` commands share."""
+    from datetime import timedelta
+
+    return {
+        "tool_threads": tool_threads,
+        "max_concurrent_activities": max_concurrent_activities,
+        "sticky_queue_schedule_to_start_timeout": timedelta(seconds=sticky_timeout),
+        "graceful_shutdown_timeout": timedelta(seconds=grace),
+    }
+
+
+def _stop_message(grace: float) -> Callable[[Any], None]:
+    """What the worker says on SIGTERM/SIGINT; a second signal leaves at once."""
+    signals: list[Any] = []
+
+    def on_signal(signum: Any) -> None:
+        signals.append(signum)
+        if len(signals) == 1:
+            err_console.print(
+                f"stopping: no new work; calls in flight get up to {grace:g} s to finish "
+                "(signal again to stop now)"
+            )
+            return
+        err_console.print("stopping now")
+        sys.stderr.flush()
+        os._exit(130)
+
+    return on_signal
 
 
 def _version(value: bool) -> None:
@@ -262,18 +317,28 @@ async def worker(
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
+    tool_threads: ToolThreadsOpt = DEFAULT_TOOL_THREADS,
+    max_concurrent_activities: MaxActivitiesOpt = None,
+    sticky_timeout: StickyOpt = DEFAULT_STICKY_TIMEOUT.total_seconds(),
+    graceful_shutdown: GraceOpt = DEFAULT_GRACEFUL_SHUTDOWN.total_seconds(),
 ) -> None:
     """Run a worker serving the agents of a module (and every agent they reach).
 
     Agents without a model get the same one `relaykit dev` would pick (RELAYKIT_MODEL, provider
-    keys, the bundled local model, or the scripted stand-in); the first lines say which."""
+    keys, the bundled local model, or the scripted stand-in); the first lines say which.
+    SIGTERM or Ctrl-C stops it gracefully: it takes no new work, lets calls in flight finish
+    (up to --graceful-shutdown seconds) and exits, so a rolling restart stalls no run."""
     from relaykit.dev import run_worker
     from relaykit.loading import load_agents
 
     for one in target:  # a bad module fails before anything connects
         load_agents(one)
     client = await _client(address, namespace)
-    await run_worker(target, client=client, task_queue=task_queue)
+    await run_worker(
+        target, client=client, task_queue=task_queue, on_signal=_stop_message(graceful_shutdown),
+        **worker_options(tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown),
+    )
+    err_console.print("worker stopped")
 
 
 class IfExists(str, Enum):
@@ -831,13 +896,22 @@ def dev(
     ui_port: Annotated[int, typer.Option(help="Temporal UI port")] = 8233,
     data_dir: Annotated[str, typer.Option(help="Where the server keeps its SQLite file")] = ".relaykit",
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
+    tool_threads: ToolThreadsOpt = DEFAULT_TOOL_THREADS,
+    max_concurrent_activities: MaxActivitiesOpt = None,
+    sticky_timeout: StickyOpt = DEFAULT_STICKY_TIMEOUT.total_seconds(),
+    graceful_shutdown: GraceOpt = DEFAULT_GRACEFUL_SHUTDOWN.total_seconds(),
 ) -> None:
-    """Start the embedded Temporal server (with its UI) and a worker; Ctrl-C stops both."""
+    """Start the embedded Temporal server (with its UI) and a worker; Ctrl-C or SIGTERM stops
+    both, the worker gracefully first."""
     from relaykit.dev import run_dev
 
+    options = worker_options(tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown)
     try:
-        asyncio.run(run_dev(target, port=port, ui_port=ui_port, data_dir=data_dir, task_queue=task_queue))
-    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM
+        asyncio.run(run_dev(
+            target, port=port, ui_port=ui_port, data_dir=data_dir, task_queue=task_queue,
+            worker_options=options,
+        ))
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM while starting
         err_console.print("stopped")
     except RelaykitError as exc:
         _fail(str(exc))

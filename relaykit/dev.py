@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from contextlib import AsyncExitStack
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,7 +151,7 @@ async def serve_default_model(
 
 async def _serve(
     stack: AsyncExitStack, target: str, port: int, ui_port: int, data_dir: str, task_queue: str,
-    scripted_responder: Responder | None,
+    scripted_responder: Responder | None, worker_options: dict[str, Any] | None = None,
 ) -> tuple[DevServer, Worker, ModelChoice]:
     agents = load_agents(target)
     spec, choice = await serve_default_model(
@@ -161,7 +161,9 @@ async def _serve(
     server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
     stack.callback(server.stop)
     client = await connect(server.address)
-    worker = Worker(client, agents, task_queue=task_queue, default_model=spec)
+    worker = Worker(
+        client, agents, task_queue=task_queue, default_model=spec, **(worker_options or {})
+    )
     await stack.enter_async_context(worker)
     console.print(f"Temporal UI: [bold]{server.ui_url}[/bold]  ·  frontend {server.address}")
     console.print(f"model: [bold]{choice.label}[/bold]")
@@ -231,13 +233,39 @@ def stop_on_sigterm() -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
 
-async def run_dev(target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str) -> None:
+async def run_dev(
+    target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str,
+    worker_options: dict[str, Any] | None = None,
+) -> None:
+    """Serve until SIGTERM or Ctrl-C; then the worker stops gracefully (calls in flight may
+    finish within its ``graceful_shutdown_timeout``) before the server stops. A second signal
+    stops at once."""
     load_agents(target)  # a clear error for a bad module before anything starts
-    stop_on_sigterm()
+    stop_on_sigterm()  # while starting up; once serving, the first signal stops gracefully
     async with AsyncExitStack() as stack:
-        await _serve(stack, target, port, ui_port, data_dir, task_queue, None)
+        await _serve(stack, target, port, ui_port, data_dir, task_queue, None, worker_options)
         console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
-        await asyncio.Event().wait()
+        await _wait_for_stop_signal()
+        console.print("stopping: the worker finishes calls in flight, then the server stops")
+
+
+async def _wait_for_stop_signal() -> None:
+    """Return on the first SIGTERM/SIGINT; the handlers go with it, so a second signal acts as
+    usual (Ctrl-C interrupts the shutdown, SIGTERM ends the process)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    installed = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        await stop.wait()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
 
 
 async def run_worker(
@@ -245,6 +273,7 @@ async def run_worker(
     *,
     client: Client,
     task_queue: str,
+    on_signal: Callable[[Any], None] | None = None,
     **worker_options: Any,
 ) -> None:
     """``relaykit worker`` and the repository's ``worker.py``: serve the agents of ``targets``
@@ -258,7 +287,7 @@ async def run_worker(
             f"worker on task queue [bold]{task_queue}[/bold] serving: "
             + ", ".join(sorted(served.graph.agents))
         )
-        await served.run()
+        await served.run_until_signalled(on_signal)
 
 
 async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None) -> None:

@@ -11,12 +11,21 @@ Invariants:
   scheduling anything) and in the activity (which needs the parsed values).
 - An ordinary exception raised by the tool becomes an error tool result the model can react to;
   only :class:`temporalio.exceptions.ApplicationError` (and infrastructure failures such as
-  timeouts or a crashed worker) go through Temporal's retries.
+  timeouts or a crashed worker) go through Temporal's retries, at most
+  ``DEFAULT_TOOL_RETRY.maximum_attempts`` times unless the tool says otherwise; after the last
+  attempt the model gets an error result.
+- Nothing a tool produces can exceed Temporal's payload limit: results and error texts are cut
+  with a marker (:data:`MAX_TOOL_RESULT_BYTES`, :data:`MAX_TOOL_ERROR_BYTES`). An oversized
+  payload would fail every attempt *after* the tool ran, repeating its side effects.
+- Every tool has a heartbeat timeout by default and heartbeats automatically while it runs, so
+  a tool in flight on a worker that dies is retried after seconds, not after its ``timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -39,6 +48,26 @@ from relaykit.names import is_valid_tool_name
 DEFAULT_TOOL_TIMEOUT = timedelta(minutes=5)
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
 TRUNCATION_MARKER = "\n[… output truncated by relaykit: {dropped} characters dropped]"
+DEFAULT_TOOL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)
+"""Temporal's own default retries forever; a tool that keeps failing would stall its run and
+repeat its side effects without end. After the last attempt the model gets an error result."""
+DEFAULT_TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+"""How long a tool may go without a heartbeat before Temporal retries it elsewhere. Tools
+heartbeat automatically while they run (see :meth:`Tool.invoke`), so this only bounds how long a
+crashed worker holds a call; pass ``heartbeat_timeout=0`` to turn it off."""
+MAX_TOOL_RESULT_BYTES = 256 * 1024
+"""Hard cap on a tool result's encoded size, whatever ``max_output_chars`` says: Temporal
+refuses payloads over 2 MB (by default), and a result also travels in the next model request."""
+MAX_TOOL_ERROR_BYTES = 16 * 1024
+"""Cap on an error message (and an ``ApplicationError``'s details) a tool produces."""
+PAYLOAD_CUT_MARKER = (
+    "\n[… cut by relaykit: {dropped} characters dropped to stay under {limit} bytes]"
+)
 
 
 class ToolContext(BaseModel):
@@ -128,10 +157,12 @@ class Tool:
     timeout: timedelta = DEFAULT_TOOL_TIMEOUT
     """start-to-close timeout of one attempt of the activity."""
     heartbeat_timeout: timedelta | None = None
-    """Set it for long tools that call ``activity.heartbeat()``: a crashed worker is noticed
-    after this long instead of after ``timeout``."""
+    """A crashed worker is noticed after this long instead of after ``timeout`` (the tool
+    heartbeats automatically while it runs; ``None`` means :data:`DEFAULT_TOOL_HEARTBEAT_TIMEOUT`,
+    ``timedelta(0)`` turns heartbeat timeouts off)."""
     retry: RetryPolicy | None = None
-    """Temporal retry policy for infrastructure failures (default: Temporal's, 5 attempts)."""
+    """Temporal retry policy for ``ApplicationError`` and infrastructure failures (default:
+    :data:`DEFAULT_TOOL_RETRY`, 5 attempts)."""
     task_queue: str | None = None
     """Run this tool on workers of another task queue (e.g. machines with a browser or a GPU)."""
     needs_approval: bool | Callable[[dict[str, Any]], bool] = False
@@ -139,6 +170,12 @@ class Tool:
     approval_timeout: timedelta | None = None
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.retry is None:
+            self.retry = DEFAULT_TOOL_RETRY
+        if self.heartbeat_timeout is None:
+            self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
 
     @functools.cached_property
     def spec(self) -> ToolSpec:
@@ -159,29 +196,123 @@ class Tool:
             return bool(self.needs_approval(arguments))
         return bool(self.needs_approval)
 
-    async def invoke(self, invocation: ToolInvocation) -> ToolOutcome:
-        """Run the function for one call (activity side)."""
+    async def invoke(
+        self, invocation: ToolInvocation, executor: concurrent.futures.Executor | None = None
+    ) -> ToolOutcome:
+        """Run the function for one call (activity side).
+
+        A sync function runs on ``executor`` (the worker's bounded tool pool): on the default
+        pool, hung tools would starve the file I/O of model calls. While the function runs, the
+        activity heartbeats on its own, repeating the last progress the tool reported, so a
+        retry after a crash still finds that progress.
+        """
         try:
             parsed = self.parse_arguments(invocation.arguments)
         except ValueError as exc:
             return ToolOutcome(content=str(exc), is_error=True)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        beats = _Beats.start()
         if self.context_param:
-            kwargs[self.context_param] = _tool_context(self.name, invocation)
-        if inspect.iscoroutinefunction(self.function):
-            value = await self.function(**kwargs)
-        else:
-            value = await asyncio.to_thread(self.function, **kwargs)
+            kwargs[self.context_param] = _tool_context(self.name, invocation, beats)
+        async with beats.running():
+            if inspect.iscoroutinefunction(self.function):
+                value = await self.function(**kwargs)
+            else:
+                call = functools.partial(contextvars.copy_context().run, self.function, **kwargs)
+                value = await asyncio.get_running_loop().run_in_executor(executor, call)
         return ToolOutcome(content=self.truncate(render_tool_output(value)))
 
     def truncate(self, text: str) -> str:
-        if len(text) <= self.max_output_chars:
-            return text
-        dropped = len(text) - self.max_output_chars
-        return text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
+        if len(text) > self.max_output_chars:
+            dropped = len(text) - self.max_output_chars
+            text = text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
+        return cut_to_bytes(text, MAX_TOOL_RESULT_BYTES)
 
 
-def _tool_context(tool_name: str, invocation: ToolInvocation) -> ToolContext:
+def cut_to_bytes(text: str, limit: int) -> str:
+    """``text`` cut so that its JSON encoding stays within ``limit`` bytes, with a marker.
+
+    Measured on the encoding because that is what Temporal counts: one character may take up
+    to 6 bytes there (``\\u0000`` escapes, 4-byte UTF-8)."""
+    size = len(to_json(text))
+    if size <= limit:
+        return text
+    keep = len(text)
+    while keep > 0:
+        keep = min(keep - 1, int(keep * limit / size * 0.95) - 200)
+        keep = max(keep, 0)
+        candidate = text[:keep] + PAYLOAD_CUT_MARKER.format(dropped=len(text) - keep, limit=limit)
+        size = len(to_json(candidate))
+        if size <= limit:
+            return candidate
+    return PAYLOAD_CUT_MARKER.format(dropped=len(text), limit=limit).lstrip()
+
+
+class _Beats:
+    """The automatic heartbeat of one tool attempt, and the progress it repeats.
+
+    Temporal keeps only the latest heartbeat details; a beat without them would erase the
+    progress a tool reported, so every automatic beat repeats the last progress (from this
+    attempt, else from the previous one)."""
+
+    def __init__(self, interval: float | None, progress: tuple[Any, ...]) -> None:
+        self.interval = interval
+        self.progress = progress
+
+    @classmethod
+    def start(cls) -> _Beats:
+        if not activity.in_activity():
+            return cls(None, ())
+        info = activity.info()
+        timeout = info.heartbeat_timeout
+        interval = max(timeout.total_seconds() / 4, 0.05) if timeout else None
+        beats = cls(interval, tuple(info.heartbeat_details))
+        beats._record_direct_heartbeats()
+        return beats
+
+    def _record_direct_heartbeats(self) -> None:
+        """Tools may call ``activity.heartbeat(progress)`` themselves rather than through
+        :class:`ToolContext`; remember those details too, so automatic beats repeat them. The
+        SDK keeps the heartbeat function on a per-attempt context object."""
+        context = getattr(activity, "_Context", None)
+        try:
+            current = context.current() if context is not None else None
+        except RuntimeError:
+            return
+        original = getattr(current, "heartbeat", None)
+        if current is None or original is None:
+            return
+
+        def recording(*details: Any) -> None:
+            self.progress = details
+            original(*details)
+
+        current.heartbeat = recording
+
+    def send(self) -> None:
+        activity.heartbeat(*self.progress)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> Any:
+        if self.interval is None:
+            yield
+            return
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(self.interval)
+                self.send()
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _tool_context(tool_name: str, invocation: ToolInvocation, beats: _Beats) -> ToolContext:
     attempt, progress, beat = 1, None, None
     workflow_id = invocation.workflow_id
     if activity.in_activity():
@@ -193,6 +324,7 @@ def _tool_context(tool_name: str, invocation: ToolInvocation) -> ToolContext:
         context = contextvars.copy_context()
 
         def beat(value: Any) -> None:
+            beats.progress = (value,)
             try:
                 on_loop = asyncio.get_running_loop() is loop
             except RuntimeError:
@@ -284,7 +416,10 @@ def tool(
     """Turn a typed function (sync or async) into a :class:`Tool`.
 
     Usable bare (``@tool``) or with options (``@tool(timeout=30, needs_approval=True)``);
-    numbers for durations are seconds.
+    numbers for durations are seconds. ``retry=None`` means :data:`DEFAULT_TOOL_RETRY`;
+    ``heartbeat_timeout=None`` means :data:`DEFAULT_TOOL_HEARTBEAT_TIMEOUT` and ``0`` turns the
+    heartbeat timeout off (for an async tool that blocks its event loop, which no automatic
+    heartbeat can help).
     """
 
     def as_delta(value: timedelta | float | None) -> timedelta | None:

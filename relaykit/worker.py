@@ -7,8 +7,11 @@ is passed through it so workflow code sees the same agent objects the worker was
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +34,15 @@ from relaykit.transcripts import TranscriptStore
 from relaykit.workflows.agent_run import AgentRun
 
 DEFAULT_TASK_QUEUE = "relaykit"
+DEFAULT_TOOL_THREADS = 32
+"""Threads of the pool sync tools run on (one pool per worker, shared by nothing else)."""
+DEFAULT_STICKY_TIMEOUT = timedelta(seconds=3)
+"""How long a run's next workflow task waits for the worker that has the run cached before any
+worker may take it. Temporal's 10 s is what every run on a crashed worker loses; replaying a
+run elsewhere costs far less."""
+DEFAULT_GRACEFUL_SHUTDOWN = timedelta(seconds=10)
+"""How long ``relaykit worker`` and ``relaykit dev`` let calls in flight finish on SIGTERM or
+Ctrl-C before cancelling them (cancelled calls are retried on another worker)."""
 
 
 def sandbox_runner(*extra_passthrough: str) -> SandboxedWorkflowRunner:
@@ -69,6 +81,13 @@ class Worker:
     ``delta_interval`` is how often a streaming model call sends the text written so far to the
     Temporal server, where clients watching the run read it (:mod:`relaykit.streaming`): lower
     is livelier, and costs one heartbeat RPC per interval per streaming call, no history.
+
+    ``tool_threads`` sizes the pool sync tools run on; the worker owns it, and nothing else
+    uses it, so hung tools can stall only other sync tools, never model calls or the transcript
+    store. ``sticky_queue_schedule_to_start_timeout`` (default :data:`DEFAULT_STICKY_TIMEOUT`),
+    ``max_concurrent_activities`` and ``graceful_shutdown_timeout`` (default Temporal's: none;
+    the CLI uses :data:`DEFAULT_GRACEFUL_SHUTDOWN`) are Temporal worker options, as is anything
+    else passed as a keyword.
     """
 
     def __init__(
@@ -87,8 +106,16 @@ class Worker:
         tracing: bool | None = None,
         tracer: Any = None,
         delta_interval: timedelta = DEFAULT_DELTA_INTERVAL,
+        tool_threads: int = DEFAULT_TOOL_THREADS,
+        sticky_queue_schedule_to_start_timeout: timedelta = DEFAULT_STICKY_TIMEOUT,
+        max_concurrent_activities: int | None = None,
+        graceful_shutdown_timeout: timedelta | None = None,
         **worker_options: Any,
     ) -> None:
+        if tool_threads < 1:
+            from relaykit.errors import ConfigurationError
+
+            raise ConfigurationError(f"tool_threads must be at least 1, got {tool_threads}")
         roots = [agents] if isinstance(agents, Agent) else list(agents)
         model = parse_model(default_model) if default_model else default_model_from_env()
         self.graph = AgentGraph.build(roots, default_model=model)
@@ -112,7 +139,16 @@ class Worker:
         self._delta_interval = delta_interval
         self.transcripts = TranscriptStore(self.store)
         self.graph.event_groups = event_groups
+        worker_options["sticky_queue_schedule_to_start_timeout"] = (
+            sticky_queue_schedule_to_start_timeout
+        )
+        if max_concurrent_activities is not None:
+            worker_options["max_concurrent_activities"] = max_concurrent_activities
+        if graceful_shutdown_timeout is not None:
+            worker_options["graceful_shutdown_timeout"] = graceful_shutdown_timeout
         self._options = worker_options
+        self._tool_threads = tool_threads
+        self._tool_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._model_activities: ModelActivities | None = None
         self.mcp_sessions: Any = None
         """The worker's MCP sessions (:class:`relaykit.activities.mcp_activities.MCPSessions`)."""
@@ -149,10 +185,16 @@ class Worker:
         mcp_activities = self._mcp_activities()  # may refuse: before anything is registered
         registry.register(self.task_queue, self.graph)
         self._model_activities = ModelActivities(transcripts=self.transcripts)
+        self._tool_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._tool_threads, thread_name_prefix=f"relaykit-tool-{self.task_queue}"
+        )
+        executor = self._tool_executor
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
-        activities.extend(tool_activity(t) for t in self.graph.tools.values())
+        activities.extend(tool_activity(t, executor) for t in self.graph.tools.values())
         activities.extend(
-            handoff_activity(h) for h in self.graph.handoffs.values() if h.on_handoff is not None
+            handoff_activity(h, executor)
+            for h in self.graph.handoffs.values()
+            if h.on_handoff is not None
         )
         activities.extend(self._activities)
         activities.extend(mcp_activities)
@@ -210,6 +252,40 @@ class Worker:
         finally:
             await self._close()
 
+    async def run_until_signalled(
+        self, on_signal: Callable[[signal.Signals], None] | None = None
+    ) -> None:
+        """Run until SIGTERM or SIGINT, then stop gracefully: stop polling, give calls in flight
+        ``graceful_shutdown_timeout`` to finish, cancel the rest (Temporal retries them on
+        another worker) and return. A second signal cancels at once. This is what keeps a
+        rolling restart from stalling runs: a killed worker leaves its calls to time out."""
+        worker = await self._build()
+        loop = asyncio.get_running_loop()
+        stopping: list[asyncio.Task[None]] = []
+        runner = asyncio.ensure_future(worker.run())
+
+        def handle(signum: signal.Signals) -> None:
+            if on_signal is not None:
+                on_signal(signum)
+            if not stopping:
+                stopping.append(asyncio.ensure_future(worker.shutdown()))
+            else:
+                runner.cancel()
+
+        installed = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(signum, handle, signum)
+                installed.append(signum)
+            except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
+                pass
+        try:
+            await runner
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+            await self._close()
+
     async def shutdown(self) -> None:
         if self._worker is not None:
             await self._worker.shutdown()
@@ -222,6 +298,10 @@ class Worker:
             self._model_activities = None
         if self.mcp_sessions is not None:  # stops the stdio servers this worker started
             await self.mcp_sessions.aclose()
+        if self._tool_executor is not None:
+            # Threads of hung sync tools cannot be stopped; they must not delay the shutdown.
+            self._tool_executor.shutdown(wait=False, cancel_futures=True)
+            self._tool_executor = None
 
     async def __aenter__(self) -> Worker:
         worker = await self._build()

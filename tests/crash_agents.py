@@ -25,7 +25,9 @@ from temporalio.common import RetryPolicy
 
 from relaykit import Agent, ModelSpec, tool
 
-MODEL_HEARTBEAT_SECONDS = 2.0
+MODEL_HEARTBEAT_SECONDS = 5.0
+"""Long enough that a loaded machine does not time out a healthy model call (whose retry would
+consume the next scripted answer), short enough that a crash costs seconds."""
 TOOL_HEARTBEAT_SECONDS = 1.0
 _RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200))
 
@@ -65,6 +67,33 @@ async def slow_step(n: int) -> str:
     return f"slow {n} done"
 
 
+@tool
+async def steady(n: int) -> str:
+    """Work for two seconds (default tool settings), recording start and end.
+
+    Args:
+        n: Any number.
+    """
+    _record("steady", n)
+    await asyncio.sleep(2)
+    _record("steady-done", n)
+    return f"steady {n} done"
+
+
+@tool
+async def until_released(n: int) -> str:
+    """Wait for the release file without ever heartbeating itself (default tool settings).
+
+    Args:
+        n: Any number.
+    """
+    _record("until_released", n)
+    release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
+    while not release.exists():
+        await asyncio.sleep(0.05)
+    return f"released {n}"
+
+
 @tool(needs_approval=True, retry=_RETRY)
 def refund(amount: int) -> str:
     """Refund an amount (a person approves first).
@@ -86,5 +115,5 @@ crash_agent = Agent(
         heartbeat_timeout_seconds=MODEL_HEARTBEAT_SECONDS,
         timeout_seconds=30,
     ),
-    tools=[quick, slow_step, refund],
+    tools=[quick, slow_step, refund, steady, until_released],
 )

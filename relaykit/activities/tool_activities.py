@@ -2,12 +2,16 @@
 history reads like the run (``search_web``, not ``run_tool``).
 
 Ordinary exceptions raised by a tool become an error result for the model (the run goes on);
-``ApplicationError`` and cancellation go through Temporal (retries, cancellation) untouched.
+``ApplicationError`` and cancellation go through Temporal (retries, cancellation), with messages
+and details cut below Temporal's payload limit: an oversized failure could not be recorded, so
+every attempt would fail after the tool had already done its work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -16,28 +20,74 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from relaykit.handoff import Handoff, HandoffArgs, HandoffCallbackInput
-from relaykit.tools import Tool, ToolInvocation, ToolOutcome
+from relaykit.tools import MAX_TOOL_ERROR_BYTES, Tool, ToolInvocation, ToolOutcome, cut_to_bytes
 
 
-def tool_activity(tool: Tool) -> Callable[..., Any]:
-    """The activity that runs ``tool`` for one call."""
+def tool_activity(
+    tool: Tool, executor: concurrent.futures.Executor | None = None
+) -> Callable[..., Any]:
+    """The activity that runs ``tool`` for one call (a sync tool on ``executor``)."""
 
     async def run_tool(invocation: ToolInvocation) -> ToolOutcome:
         try:
-            return await tool.invoke(invocation)
-        except ApplicationError:
-            raise
+            return await tool.invoke(invocation, executor)
+        except ApplicationError as exc:
+            raise bounded_application_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - the model decides what to do about it
             activity.logger.info("tool %s raised %s", tool.name, type(exc).__name__)
             return ToolOutcome(
-                content=f"Tool {tool.name!r} raised {type(exc).__name__}: {exc}", is_error=True
+                content=error_text(f"Tool {tool.name!r} raised {type(exc).__name__}: ", exc),
+                is_error=True,
             )
 
     run_tool.__name__ = f"tool_{tool.name}"
     return activity.defn(name=tool.name)(run_tool)
 
 
-def handoff_activity(handoff: Handoff) -> Callable[..., Any]:
+def error_text(prefix: str, exc: BaseException) -> str:
+    """``prefix`` + the exception's message, cut below :data:`MAX_TOOL_ERROR_BYTES`."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ still gives the model something
+        message = f"<{type(exc).__name__} whose message could not be read>"
+    return cut_to_bytes(prefix + message, MAX_TOOL_ERROR_BYTES)
+
+
+def bounded_application_error(exc: ApplicationError) -> ApplicationError:
+    """``exc`` when it fits a Temporal payload; else a copy with its message cut, details too
+    large replaced by a note, and its cause chain folded into the message."""
+    message = cut_to_bytes(exc.message, MAX_TOOL_ERROR_BYTES)
+    details = exc.details
+    try:
+        encoded = sum(len(p.data) for p in activity.payload_converter().to_payloads(details))
+    except Exception:  # noqa: BLE001 - details that cannot be encoded would fail the attempt too
+        encoded = MAX_TOOL_ERROR_BYTES + 1
+    if encoded > MAX_TOOL_ERROR_BYTES:
+        details = (
+            f"[details dropped by relaykit: {encoded} bytes encoded, over {MAX_TOOL_ERROR_BYTES}]",
+        )
+    cause = exc.__cause__
+    if cause is not None:
+        message = cut_to_bytes(
+            f"{message} (caused by {type(cause).__name__}: "
+            + error_text("", cause)[:MAX_TOOL_ERROR_BYTES // 8] + ")",
+            MAX_TOOL_ERROR_BYTES,
+        )
+    if message == exc.message and details is exc.details and cause is None:
+        return exc
+    return ApplicationError(
+        message,
+        *details,
+        type=exc.type,
+        non_retryable=exc.non_retryable,
+        next_retry_delay=exc.next_retry_delay,
+        category=exc.category,
+    )
+
+
+def handoff_activity(
+    handoff: Handoff, executor: concurrent.futures.Executor | None = None
+) -> Callable[..., Any]:
     """The activity that runs ``on_handoff`` (named after the handoff tool)."""
     callback = handoff.on_handoff
     assert callback is not None
@@ -51,13 +101,15 @@ def handoff_activity(handoff: Handoff) -> Callable[..., Any]:
             if inspect.iscoroutinefunction(callback):
                 await callback(args, data)
             else:  # a blocking audit write must not stall the worker's event loop
-                await asyncio.to_thread(callback, args, data)
-        except ApplicationError:
-            raise
+                await asyncio.get_running_loop().run_in_executor(
+                    executor, functools.partial(callback, args, data)
+                )
+        except ApplicationError as exc:
+            raise bounded_application_error(exc) from None
         except Exception as exc:  # a bug in the callback will not fix itself on retry
             raise ApplicationError(
-                f"on_handoff raised {type(exc).__name__}: {exc}", non_retryable=True
-            ) from exc
+                error_text(f"on_handoff raised {type(exc).__name__}: ", exc), non_retryable=True
+            ) from None
         return {"handoff": f"{data.source} → {data.target}"}
 
     run_callback.__name__ = f"on_{handoff.tool_name}"

@@ -700,7 +700,7 @@ class TurnLoop:
                 invocation,
                 result_type=ToolOutcome,
                 start_to_close_timeout=entry.timeout,
-                heartbeat_timeout=entry.heartbeat_timeout,
+                heartbeat_timeout=entry.heartbeat_timeout or None,  # timedelta(0): off
                 retry_policy=entry.retry,
                 task_queue=entry.task_queue,
                 summary=summarize_call(entry.name, call.arguments),
