@@ -67,12 +67,25 @@ class Agent:
     context_policy: ContextPolicy | None = None
     """What to do when the transcript nears the context window (taken from the agent a run
     starts with; see :class:`relaykit.ContextPolicy`)."""
+    max_repeated_calls: int | None = 3
+    """How many times one tool call (same tool, same arguments) runs before the loop guard
+    answers it with the earlier result instead of running it again; counts restart at each
+    user-side message. ``None`` turns the guard off (a tool polled on purpose)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigurationError("an Agent needs a non-empty name")
         if self.model is not None:
             self.model = parse_model(self.model)
+        if self.max_repeated_calls is not None and (
+            isinstance(self.max_repeated_calls, bool)
+            or not isinstance(self.max_repeated_calls, int)
+            or self.max_repeated_calls < 1
+        ):
+            raise ConfigurationError(
+                f"agent {self.name!r}: max_repeated_calls must be a positive int or None, "
+                f"got {self.max_repeated_calls!r}"
+            )
         for entry in self.tools:
             if not isinstance(entry, (Tool, AgentTool)):
                 raise ConfigurationError(

@@ -56,6 +56,7 @@ from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows.children import SUBAGENT_TOOLS, Children
 from relaykit.transcripts import TRANSCRIPT_MISSING
 from relaykit.workflows.context import ContextTransport
+from relaykit.workflows.repeat_guard import check_repeat, withhold_tools
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -278,6 +279,8 @@ class TurnLoop:
         settings = agent.model_settings or ModelSettings()
         if self.input.answer_on_last_turn and self.state.turn >= self.input.max_turns:
             return settings.model_copy(update={"tool_choice": "none"})
+        if withhold_tools(self.state):  # the last turn only repeated calls (loop guard)
+            return settings.model_copy(update={"tool_choice": "none"})
         if settings.first_turn_tool_choice and self.state.turn == 1:
             return settings.model_copy(update={"tool_choice": settings.first_turn_tool_choice})
         return settings
@@ -499,6 +502,9 @@ class TurnLoop:
                 f"Unknown tool {call.name!r}. Available tools: {known}.",
                 is_error=True,
             )
+        repeated = check_repeat(self.state, call, agent.max_repeated_calls)  # loop guard
+        if repeated is not None:
+            return self.tool_message(call, repeated, is_error=True)
         if isinstance(entry, AgentTool):
             return await self.children.run_agent_tool(entry, call)
         try:
