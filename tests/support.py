@@ -3,6 +3,7 @@ and readers of a run's Temporal history."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,13 @@ def transcript_dir() -> str:
     if not _transcript_dir:
         _transcript_dir.append(tempfile.mkdtemp(prefix="relaykit-test-transcripts-"))
     return _transcript_dir[0]
+
+
+def remove_transcript_dir() -> None:
+    """Delete the session's transcript directory (the session fixture in conftest calls it at
+    the end, so no test run leaves megabytes in the temp folder)."""
+    while _transcript_dir:
+        shutil.rmtree(_transcript_dir.pop(), ignore_errors=True)
 
 
 def scripted_model(

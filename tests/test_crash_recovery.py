@@ -78,6 +78,8 @@ class CrashRig:
             CRASH_TOOL_LOG=str(self.tool_log),
             CRASH_RELEASE_FILE=str(self.release_file),
             PYTHONUNBUFFERED="1",
+            # the workers' shared transcript store: in the test's temp dir, not the checkout
+            RELAYKIT_TRANSCRIPT_DIR=str(self.tmp / "transcripts"),
         )
         return env
 
