@@ -71,21 +71,24 @@ class Agent:
     """How many times one tool call (same tool, same arguments) runs before the loop guard
     answers it with the earlier result instead of running it again; counts restart at each
     user-side message. ``None`` turns the guard off (a tool polled on purpose)."""
+    answer_after_tool_turns: int | None = None
+    """After this many of its own turns with tool calls since the last user-side message, the
+    agent's next model call gets no tools, so it answers with what it found. Small models
+    wander from tool to tool; this bounds them however high a run's ``max_turns`` is."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigurationError("an Agent needs a non-empty name")
         if self.model is not None:
             self.model = parse_model(self.model)
-        if self.max_repeated_calls is not None and (
-            isinstance(self.max_repeated_calls, bool)
-            or not isinstance(self.max_repeated_calls, int)
-            or self.max_repeated_calls < 1
-        ):
-            raise ConfigurationError(
-                f"agent {self.name!r}: max_repeated_calls must be a positive int or None, "
-                f"got {self.max_repeated_calls!r}"
-            )
+        for option in ("max_repeated_calls", "answer_after_tool_turns"):
+            value = getattr(self, option)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: {option} must be a positive int or None, got {value!r}"
+                )
         for entry in self.tools:
             if not isinstance(entry, (Tool, AgentTool)):
                 raise ConfigurationError(

@@ -133,7 +133,7 @@ class RepeatedCall(BaseModel):
 
 
 class RepeatGuardState(BaseModel):
-    """What the loop guard remembers (:mod:`relaykit.workflows.repeat_guard`); it lives in the
+    """What the loop guard remembers (:mod:`relaykit.workflows.loop_guard`); it lives in the
     run state so that it survives continue-as-new."""
 
     seen: int = 0

@@ -186,10 +186,11 @@ async def test_max_repeated_calls_none_runs_every_call(
     assert runs == ["A-1"] * 5
 
 
+@pytest.mark.parametrize("option", ["max_repeated_calls", "answer_after_tool_turns"])
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3"])
-def test_max_repeated_calls_must_be_a_positive_int(bad: object) -> None:
-    with pytest.raises(ConfigurationError, match="max_repeated_calls"):
-        Agent(name="bad", max_repeated_calls=bad)  # type: ignore[arg-type]
+def test_loop_limits_must_be_positive_ints(option: str, bad: object) -> None:
+    with pytest.raises(ConfigurationError, match=option):
+        Agent(name="bad", **{option: bad})
 
 
 async def _replay(client: Client, handle_id: str, graph: AgentGraph, task_queue: str) -> None:

@@ -32,6 +32,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 from relaykit import errors
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.context_policy import default_context_policy
 from relaykit.graph import AgentGraph
 from relaykit.handoff import (
     Handoff,
@@ -56,7 +57,7 @@ from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows.children import SUBAGENT_TOOLS, Children
 from relaykit.transcripts import TRANSCRIPT_MISSING
 from relaykit.workflows.context import ContextTransport
-from relaykit.workflows.repeat_guard import check_repeat, withhold_tools
+from relaykit.workflows.loop_guard import check_repeat, withhold_tools
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -279,7 +280,7 @@ class TurnLoop:
         settings = agent.model_settings or ModelSettings()
         if self.input.answer_on_last_turn and self.state.turn >= self.input.max_turns:
             return settings.model_copy(update={"tool_choice": "none"})
-        if withhold_tools(self.state):  # the last turn only repeated calls (loop guard)
+        if withhold_tools(self.state, agent):  # stuck or out of tool turns (loop guard)
             return settings.model_copy(update={"tool_choice": "none"})
         if settings.first_turn_tool_choice and self.state.turn == 1:
             return settings.model_copy(update={"tool_choice": settings.first_turn_tool_choice})
@@ -711,6 +712,8 @@ class TurnLoop:
 
     async def _maybe_compact(self) -> None:
         policy = self.graph.agents.get(self.input.agent, self.current_agent).context_policy
+        if policy is None:  # small context windows get one by default
+            policy = default_context_policy(self.graph.model_for(self.current_agent))
         if policy is None or self._last_input_tokens < policy.max_input_tokens:
             return
         transcript = self.state.transcript

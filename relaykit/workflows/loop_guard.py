@@ -7,7 +7,8 @@ identical call. Each agent allows a call (tool name and canonical JSON arguments
 injected one, a background report, a compaction summary: anything that may change the answer).
 Past that, the call is not run: its tool result says so and repeats the earlier result. When
 every call of a turn was refused this way, the next model call is sent without tools so the
-model has to answer (see :func:`withhold_tools`).
+model has to answer (see :func:`withhold_tools`, which also applies an agent's
+``answer_after_tool_turns``).
 
 Everything is computed from the run state (the transcript and :class:`RepeatGuardState`), so it
 is deterministic, replays, and survives continue-as-new. Runs that started before the guard
@@ -23,6 +24,7 @@ import json
 
 from temporalio import workflow
 
+from relaykit.agent import Agent
 from relaykit.messages import ToolCall
 from relaykit.runs import RepeatedCall, RunState
 
@@ -104,12 +106,25 @@ def check_repeat(state: RunState, call: ToolCall, limit: int | None) -> str | No
     )
 
 
-def withhold_tools(state: RunState) -> bool:
-    """True when every call of the previous turn was refused as a repeat: the next model call
-    gets no tools, so the model answers instead of asking again."""
+def withhold_tools(state: RunState, agent: Agent) -> bool:
+    """True when the next model call gets no tools, so the model answers instead of calling
+    again: every call of the previous turn was refused as a repeat, or the agent has used its
+    ``answer_after_tool_turns`` (its own tool-calling turns since the last user-side message,
+    counted in the transcript the run holds)."""
     guard = state.repeats
-    return (
+    if (
         guard.blocked_turn > 0
         and guard.blocked_turn == state.turn - 1
         and guard.blocked >= guard.calls_in_turn
-    )
+    ):
+        return True
+    limit = agent.answer_after_tool_turns
+    if limit is None:
+        return False
+    turns = 0
+    for message in reversed(state.transcript):
+        if message.role == "user":
+            break
+        if message.role == "assistant" and message.tool_calls and message.agent == agent.name:
+            turns += 1
+    return turns >= limit
