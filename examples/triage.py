@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 
-from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, tool
+from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, ModelSettings, tool
 from relaykit.testing.scripted_server import ScriptedRequest, Step, call, text
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,17 @@ def refund_status(invoice_id: str) -> str:
     """Tell whether a refund exists for an invoice, and when it arrives.
 
     Args:
-        invoice_id: The invoice number, e.g. "INV-1042".
+        invoice_id: The invoice number (e.g. "INV-1042"), or "latest" for the most recent one.
     """
-    return _REFUNDS.get(invoice_id.strip().upper(), f"no refund requested for {invoice_id}")
+    key = _LATEST_INVOICE if invoice_id.strip().lower() == "latest" else invoice_id.strip().upper()
+    if key not in _INVOICES:
+        # An unknown number gets what the account does have: a small model that invented a
+        # number can still answer from this, instead of guessing again.
+        known = "; ".join(
+            f"{k}: {_REFUNDS.get(k, 'no refund requested')}" for k in _INVOICES
+        )
+        return f"no invoice {invoice_id} on this account. Its invoices: {known}"
+    return _REFUNDS.get(key, f"no refund requested for {key}")
 
 
 @tool
@@ -85,6 +93,11 @@ billing = Agent(
         "when they give no number), check its refund status, and answer in two sentences."
     ),
     tools=[lookup_invoice, refund_status],
+    # Bounds that let even the bundled 135M model finish: it answers after two tool turns, and
+    # an identical call is never run twice (see docs/local-model.md).
+    model_settings=ModelSettings(temperature=0, max_tokens=160),
+    answer_after_tool_turns=2,
+    max_repeated_calls=1,
 )
 
 support = Agent(
@@ -95,6 +108,9 @@ support = Agent(
         "customer what is going on and what to do, in two sentences."
     ),
     tools=[service_status],
+    model_settings=ModelSettings(temperature=0, max_tokens=160),
+    answer_after_tool_turns=1,
+    max_repeated_calls=1,
 )
 
 triage = Agent(
@@ -104,6 +120,8 @@ triage = Agent(
         "the conversation to the specialist that fits, with a short reason."
     ),
     handoffs=[Handoff(target=billing, on_handoff=audit_handoff), support],
+    # The first answer must be a handoff: a small model would otherwise answer by itself.
+    model_settings=ModelSettings(temperature=0, max_tokens=80, first_turn_tool_choice="required"),
 )
 
 
