@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -75,6 +75,7 @@ class Outcome:
     answer: str
     right: bool
     failed: str | None = None
+    calls: list[str] = field(default_factory=list)
 
 
 async def _run_cases(model: str, cases: list[Case], tries: int) -> list[Outcome]:
@@ -131,7 +132,10 @@ async def _one(client: Any, queue: str, case: Case, model: str, start_run: Any) 
         return Outcome(case, model, time.monotonic() - started, "", False, failed=str(exc))
     seconds = time.monotonic() - started
     answer = str(result.output)
-    return Outcome(case, model, seconds, answer, case.right(answer, result.final_agent))
+    calls = [f"{c.name}({c.arguments})" for m in result.transcript for c in m.tool_calls]
+    return Outcome(
+        case, model, seconds, answer, case.right(answer, result.final_agent), calls=calls
+    )
 
 
 def _table(outcomes: list[Outcome], models: list[str]) -> str:
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tries", type=int, default=1, help="runs per prompt (default 1)")
     parser.add_argument("--limit", type=float, default=60.0, help="seconds a run may take")
     parser.add_argument("--only", default="", help="run only prompts containing this text")
+    parser.add_argument("--verbose", action="store_true", help="list each run's tool calls")
     parser.add_argument("--json", default=None, help="also write every outcome to this file")
     args = parser.parse_args(argv)
     models = ["local", "scripted"] if args.model == "both" else [args.model]
@@ -178,11 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         shown = o.failed or o.answer
         print(f"[{o.model}] {o.seconds:5.1f}s {status:6} {o.case.agent}: {o.case.prompt[:40]!r} "
               f"-> {' '.join(shown.split())[:160]!r}", file=sys.stderr)
+        if args.verbose:
+            for c in o.calls:
+                print(f"      {c[:160]}", file=sys.stderr)
     print(_table(outcomes, models))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"model": o.model, "prompt": o.case.prompt, "seconds": round(o.seconds, 1),
-                        "right": o.right, "answer": o.answer, "failed": o.failed}
+                        "right": o.right, "answer": o.answer, "failed": o.failed, "calls": o.calls}
                        for o in outcomes], f, indent=2)
     bad = [o for o in outcomes if o.failed or o.seconds > args.limit]
     return 1 if bad else 0

@@ -5,7 +5,7 @@ so a crash of a worker, a model server or a machine loses nothing.
 """
 
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
-from relaykit.context_policy import ContextPolicy
+from relaykit.context_policy import ContextPolicy, default_context_policy
 from relaykit.client import RunHandle, connect, get_run, run, start_run
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
 from relaykit.handoff import (
@@ -69,6 +69,7 @@ __all__ = [
     "Usage",
     "Worker",
     "connect",
+    "default_context_policy",
     "for_context_rewrite",
     "get_run",
     "parse_model",

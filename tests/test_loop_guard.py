@@ -116,7 +116,7 @@ async def test_arguments_that_differ_only_in_key_order_or_spacing_count_as_the_s
         ).result()
     assert runs == ["A-1", "B-2"]
     second = [m for m in result.transcript if m.role == "tool"][1]
-    assert "called once" in second.content and "order A-1: shipped" in second.content
+    assert "already ran once" in second.content and "order A-1: shipped" in second.content
 
 
 async def test_a_user_message_restarts_the_count(

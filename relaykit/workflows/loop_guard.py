@@ -96,13 +96,14 @@ def check_repeat(state: RunState, call: ToolCall, limit: int | None) -> str | No
     guard.blocked += 1
     times = "once" if entry.count == 1 else f"{entry.count} times"
     if entry.result is None:
-        earlier = "its result is the one given for the same call above"
+        earlier = "the result given for the same call above"
     else:
-        earlier = f"its result was: {entry.result}"
+        earlier = entry.result
+    # The earlier result comes last: a weak model tends to copy the last thing it read.
     return (
-        f"Not run again: {call.name} was already called {times} with exactly these arguments; "
-        f"{earlier}. Do not repeat this call. Use that result, and give your final answer now "
-        "if you have what you need."
+        f"Not run again: {call.name} already ran {times} with exactly these arguments. Use its "
+        f"result instead of calling it again, and answer if you have what you need. "
+        f"Result: {earlier}"
     )
 
 
