@@ -62,7 +62,7 @@ travel_assistant = Agent(
     tools=[get_weather, convert_currency],
     # Short, sober answers; a first turn that must use a tool, so even the tiny offline model
     # starts by looking things up; an answer after two tool turns; no identical call twice.
-    model_settings=ModelSettings(temperature=0, max_tokens=300, first_turn_tool_choice="required"),
+    model_settings=ModelSettings(temperature=0, max_tokens=150, first_turn_tool_choice="required"),
     answer_after_tool_turns=2,
     max_repeated_calls=1,
 )

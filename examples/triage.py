@@ -95,7 +95,7 @@ billing = Agent(
     tools=[lookup_invoice, refund_status],
     # Bounds that let even the bundled 135M model finish: it answers after two tool turns, and
     # an identical call is never run twice (see docs/local-model.md).
-    model_settings=ModelSettings(temperature=0, max_tokens=300),
+    model_settings=ModelSettings(temperature=0, max_tokens=150),
     answer_after_tool_turns=2,
     max_repeated_calls=1,
 )
@@ -108,7 +108,7 @@ support = Agent(
         "customer what is going on and what to do, in two sentences."
     ),
     tools=[service_status],
-    model_settings=ModelSettings(temperature=0, max_tokens=300),
+    model_settings=ModelSettings(temperature=0, max_tokens=150),
     answer_after_tool_turns=1,
     max_repeated_calls=1,
 )
@@ -121,7 +121,7 @@ triage = Agent(
     ),
     handoffs=[Handoff(target=billing, on_handoff=audit_handoff), support],
     # The first answer must be a handoff: a small model would otherwise answer by itself.
-    model_settings=ModelSettings(temperature=0, max_tokens=300, first_turn_tool_choice="required"),
+    model_settings=ModelSettings(temperature=0, max_tokens=60, first_turn_tool_choice="required"),
 )
 
 

@@ -296,3 +296,4 @@ async def test_the_demo_agent_ends_with_an_answer_on_the_local_model(client: Any
         result = await handle.result()
     assert isinstance(result.output, str) and result.output.strip()
     assert result.turns <= 4
+

@@ -133,3 +133,41 @@ async def test_an_agents_own_context_policy_wins_over_the_default(
         await handle.result()
         events = await handle.events()
     assert not [e for e in events if e.kind == "context_compacted"]
+
+
+def test_a_constrained_answer_cut_by_max_tokens_is_closed_into_the_value_it_began() -> None:
+    from relaykit.models.openai import close_truncated_json
+
+    cut = '{"name": "transfer_to_billing", "arguments": {"reason": "I was charged tw'
+    assert close_truncated_json(cut) == cut + '"}}'
+    assert close_truncated_json('{"reply": "Your refund') == '{"reply": "Your refund"}'
+    assert close_truncated_json('{"name": "f", "arguments": {"a": 1, "b"') == (
+        '{"name": "f", "arguments": {"a": 1}}'
+    )
+    assert close_truncated_json('{"cities": ["Paris", "To') == '{"cities": ["Paris", "To"]}'
+    assert close_truncated_json('{"a": 1}') is None  # complete: nothing to do
+    assert close_truncated_json("plain words") is None
+
+
+async def test_a_small_model_cut_off_inside_its_tool_call_still_calls_the_tool(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The bundled model rambles inside a string argument until max_tokens; the call it was
+    # writing still happens, and a cut reply still reads as a reply (not as raw JSON).
+    model = scripted_model(model_server, tool_calls="constrained")
+    model_server.script(
+        model.name,
+        [
+            text('{"name": "lookup", "arguments": {"key": "abc and then on and on', truncated=True),
+            text('{"reply": "It is the value of abc, and', truncated=True),
+        ],
+    )
+    agent = Agent(name="cut_off", model=model, tools=[lookup])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "find abc", task_queue=worker.task_queue)
+        result = await handle.result()
+    assert (await scheduled_activities(handle.workflow)).count("lookup") == 1
+    assert [m.content for m in result.transcript if m.role == "tool"] == [
+        "value of abc and then on and on"
+    ]
+    assert result.output == "It is the value of abc, and"
