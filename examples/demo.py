@@ -9,6 +9,10 @@ The tools answer from small built-in tables so the demo works offline; swap them
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from pydantic import Field
+
 from relaykit import Agent, ModelSettings, tool
 from relaykit.testing.scripted_server import ScriptedRequest, Step, call, text
 
@@ -21,8 +25,12 @@ _WEATHER = {
 _RATES_TO_EUR = {"EUR": 1.0, "USD": 0.92, "JPY": 0.0061, "GBP": 1.17}
 
 
+City = Annotated[str, Field(max_length=40)]
+Currency = Literal["EUR", "USD", "JPY", "GBP"]
+
+
 @tool
-def get_weather(cities: list[str]) -> str:
+def get_weather(cities: Annotated[list[City], Field(max_length=5)]) -> str:
     """Get the weather forecast for the cities of a trip.
 
     Args:
@@ -37,7 +45,7 @@ def get_weather(cities: list[str]) -> str:
 
 
 @tool
-def convert_currency(amount: float, from_currency: str, to_currency: str) -> str:
+def convert_currency(amount: float, from_currency: Currency, to_currency: Currency) -> str:
     """Convert an amount between currencies (EUR, USD, JPY, GBP).
 
     Args:

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, ModelSettings, tool
 from relaykit.testing.scripted_server import ScriptedRequest, Step, call, text
@@ -38,8 +41,13 @@ _SERVICES = {
 }
 
 
+# Bounded argument types are part of the tool's JSON schema: a model on a constrained server
+# (the bundled one) cannot write a 150-digit invoice number or a service that does not exist.
+InvoiceId = Annotated[str, Field(max_length=20)]
+
+
 @tool
-def lookup_invoice(invoice_id: str) -> str:
+def lookup_invoice(invoice_id: InvoiceId) -> str:
     """Look up an invoice of the customer's account.
 
     Args:
@@ -53,7 +61,7 @@ def lookup_invoice(invoice_id: str) -> str:
 
 
 @tool
-def refund_status(invoice_id: str) -> str:
+def refund_status(invoice_id: InvoiceId) -> str:
     """Tell whether a refund exists for an invoice, and when it arrives.
 
     Args:
@@ -71,11 +79,11 @@ def refund_status(invoice_id: str) -> str:
 
 
 @tool
-def service_status(service: str) -> str:
+def service_status(service: Literal["login", "api", "dashboard"]) -> str:
     """Current status of one part of the product.
 
     Args:
-        service: One of "login", "api", "dashboard".
+        service: The part of the product: "login" (signing in), "api" or "dashboard".
     """
     return _SERVICES.get(service.strip().lower(), f"unknown service {service!r}")
 

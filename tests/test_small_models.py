@@ -171,3 +171,19 @@ async def test_a_small_model_cut_off_inside_its_tool_call_still_calls_the_tool(
         "value of abc and then on and on"
     ]
     assert result.output == "It is the value of abc, and"
+
+
+def test_annotated_bounds_of_tool_parameters_reach_the_schema_and_are_enforced() -> None:
+    # Bounds in the JSON schema let a constrained server stop a small model from writing a
+    # 150-digit invoice number; models that ignore the schema get an error result to correct.
+    import pytest
+
+    from examples.triage import refund_status, service_status
+
+    schema = refund_status.spec.parameters["properties"]["invoice_id"]
+    assert schema["maxLength"] == 20
+    assert service_status.spec.parameters["properties"]["service"]["enum"] == [
+        "login", "api", "dashboard",
+    ]
+    with pytest.raises(ValueError, match="at most 20 characters"):
+        refund_status.parse_arguments('{"invoice_id": "' + "1" * 150 + '"}')
