@@ -78,7 +78,7 @@ class Outcome:
     calls: list[str] = field(default_factory=list)
 
 
-async def _run_cases(model: str, cases: list[Case], tries: int) -> list[Outcome]:
+async def _run_cases(model: str, cases: list[Case], tries: int, verbose: bool) -> list[Outcome]:
     from relaykit.client import connect, start_run
     from relaykit.dev import find_scripted_responder
     from relaykit.devserver import DevServer
@@ -112,7 +112,9 @@ async def _run_cases(model: str, cases: list[Case], tries: int) -> list[Outcome]
                 ):
                     for case in (c for c in cases if c.module == module):
                         for _ in range(tries):
-                            outcomes.append(await _one(client, queue, case, model, start_run))
+                            outcome = await _one(client, queue, case, model, start_run)
+                            _show(outcome, verbose)
+                            outcomes.append(outcome)
     finally:
         if scripted is not None:
             scripted.stop()
@@ -136,6 +138,16 @@ async def _one(client: Any, queue: str, case: Case, model: str, start_run: Any) 
     return Outcome(
         case, model, seconds, answer, case.right(answer, result.final_agent), calls=calls
     )
+
+
+def _show(o: Outcome, verbose: bool) -> None:
+    status = "right" if o.right else ("FAILED" if o.failed else "wrong")
+    shown = o.failed or o.answer
+    print(f"[{o.model}] {o.seconds:5.1f}s {status:6} {o.case.agent}: {o.case.prompt[:40]!r} "
+          f"-> {' '.join(shown.split())[:160]!r}", file=sys.stderr, flush=True)
+    if verbose:
+        for c in o.calls:
+            print(f"      {c[:160]}", file=sys.stderr, flush=True)
 
 
 def _table(outcomes: list[Outcome], models: list[str]) -> str:
@@ -177,15 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in _cases() if args.only.lower() in c.prompt.lower()]
     outcomes: list[Outcome] = []
     for model in models:
-        outcomes += asyncio.run(_run_cases(model, cases, args.tries))
-    for o in outcomes:
-        status = "right" if o.right else ("FAILED" if o.failed else "wrong")
-        shown = o.failed or o.answer
-        print(f"[{o.model}] {o.seconds:5.1f}s {status:6} {o.case.agent}: {o.case.prompt[:40]!r} "
-              f"-> {' '.join(shown.split())[:160]!r}", file=sys.stderr)
-        if args.verbose:
-            for c in o.calls:
-                print(f"      {c[:160]}", file=sys.stderr)
+        outcomes += asyncio.run(_run_cases(model, cases, args.tries, args.verbose))
     print(_table(outcomes, models))
     if args.json:
         with open(args.json, "w") as f:

@@ -238,3 +238,16 @@ async def test_guarded_runs_replay_and_runs_from_before_the_guard_replay_under_i
     assert runs == ["A-1"] * (2 + 5)
     await _replay(client, first.id, graph, queue)
     await _replay(client, second.id, graph, queue)
+
+
+def test_arguments_that_are_not_json_or_nest_too_deep_are_compared_as_text() -> None:
+    from relaykit.messages import ToolCall
+    from relaykit.workflows.loop_guard import call_key
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert call_key(ToolCall(id="a", name="t", arguments=deep)) == call_key(
+        ToolCall(id="b", name="t", arguments=deep)
+    )
+    assert call_key(ToolCall(id="a", name="t", arguments="{oops")) != call_key(
+        ToolCall(id="a", name="t", arguments="{oops!")
+    )

@@ -39,7 +39,7 @@ def call_key(call: ToolCall) -> str:
         canonical = json.dumps(
             json.loads(call.arguments or "{}"), sort_keys=True, separators=(",", ":")
         )
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep: compare the text
         canonical = call.arguments
     digest = hashlib.sha256(canonical.encode("utf-8", "replace")).hexdigest()[:16]
     return f"{call.name}:{digest}"
