@@ -46,6 +46,14 @@ _SERVICES = {
 InvoiceId = Annotated[str, Field(max_length=20)]
 
 
+def _invoice_key(invoice_id: str) -> str:
+    """ "latest", "INV-1042", "inv-1042" and a bare "1042" all name an invoice."""
+    key = invoice_id.strip().upper()
+    if key == "LATEST":
+        return _LATEST_INVOICE
+    return f"INV-{key}" if key.isdigit() else key
+
+
 @tool
 def lookup_invoice(invoice_id: InvoiceId) -> str:
     """Look up an invoice of the customer's account.
@@ -53,7 +61,7 @@ def lookup_invoice(invoice_id: InvoiceId) -> str:
     Args:
         invoice_id: The invoice number (e.g. "INV-1042"), or "latest" for the most recent one.
     """
-    key = _LATEST_INVOICE if invoice_id.strip().lower() == "latest" else invoice_id.strip().upper()
+    key = _invoice_key(invoice_id)
     invoice = _INVOICES.get(key)
     if invoice is None:
         return f"no invoice {invoice_id} on this account (known: {', '.join(_INVOICES)})"
@@ -67,7 +75,7 @@ def refund_status(invoice_id: InvoiceId) -> str:
     Args:
         invoice_id: The invoice number (e.g. "INV-1042"), or "latest" for the most recent one.
     """
-    key = _LATEST_INVOICE if invoice_id.strip().lower() == "latest" else invoice_id.strip().upper()
+    key = _invoice_key(invoice_id)
     if key not in _INVOICES:
         # An unknown number gets what the account does have: a small model that invented a
         # number can still answer from this, instead of guessing again.
