@@ -505,7 +505,7 @@ class TurnLoop:
             )
         repeated = check_repeat(self.state, call, agent.max_repeated_calls)  # loop guard
         if repeated is not None:
-            return self.tool_message(call, repeated, is_error=True)
+            return self.tool_message(call, repeated, is_error=False)
         if isinstance(entry, AgentTool):
             return await self.children.run_agent_tool(entry, call)
         try:

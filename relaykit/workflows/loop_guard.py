@@ -99,11 +99,11 @@ def check_repeat(state: RunState, call: ToolCall, limit: int | None) -> str | No
         earlier = "the result given for the same call above"
     else:
         earlier = entry.result
-    # The earlier result comes last: a weak model tends to copy the last thing it read.
+    # The earlier result comes first, as a tool result would read; the note says why.
     return (
-        f"Not run again: {call.name} already ran {times} with exactly these arguments. Use its "
-        f"result instead of calling it again, and answer if you have what you need. "
-        f"Result: {earlier}"
+        f"{earlier}\n\n(The same result as before: {call.name} already ran {times} with "
+        "exactly these arguments, so it was not run again. Use this result instead of calling "
+        "it again, and answer if you have what you need.)"
     )
 
 
