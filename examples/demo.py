@@ -9,8 +9,12 @@ The tools answer from small built-in tables so the demo works offline; swap them
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from pydantic import Field
+
 from relaykit import Agent, ModelSettings, tool
-from relaykit.testing.scripted_server import ScriptedRequest, Step, batch, call, text
+from relaykit.testing.scripted_server import ScriptedRequest, Step, call, text
 
 _WEATHER = {
     "paris": "14°C, light rain in the morning, clearing in the afternoon",
@@ -21,18 +25,27 @@ _WEATHER = {
 _RATES_TO_EUR = {"EUR": 1.0, "USD": 0.92, "JPY": 0.0061, "GBP": 1.17}
 
 
+City = Annotated[str, Field(max_length=40)]
+Currency = Literal["EUR", "USD", "JPY", "GBP"]
+
+
 @tool
-def get_weather(city: str) -> str:
-    """Get the weather forecast for a city.
+def get_weather(cities: Annotated[list[City], Field(max_length=5)]) -> str:
+    """Get the weather forecast for the cities of a trip.
 
     Args:
-        city: The city, e.g. "Paris".
+        cities: Every city of the trip, e.g. ["Lisbon", "New York"].
     """
-    return _WEATHER.get(city.strip().lower(), f"no forecast available for {city}")
+    # One call for all cities: a small model asked for one city at a time looked up the first
+    # city again and again and never the second.
+    return "; ".join(
+        f"{city}: {_WEATHER.get(city.strip().lower(), 'no forecast available')}"
+        for city in cities
+    ) or "no city given"
 
 
 @tool
-def convert_currency(amount: float, from_currency: str, to_currency: str) -> str:
+def convert_currency(amount: float, from_currency: Currency, to_currency: Currency) -> str:
     """Convert an amount between currencies (EUR, USD, JPY, GBP).
 
     Args:
@@ -51,18 +64,22 @@ travel_assistant = Agent(
     name="travel_assistant",
     description="Plans trips: weather and money.",
     instructions=(
-        "You help people prepare trips. Use get_weather for every city mentioned and "
+        "You help people prepare trips. Use get_weather with every city mentioned and "
         "convert_currency for money questions, then answer in a few short sentences."
     ),
     tools=[get_weather, convert_currency],
-    # Short, sober answers; and a first turn that must use a tool, so even the tiny offline
-    # model starts by looking things up.
-    model_settings=ModelSettings(temperature=0, max_tokens=300, first_turn_tool_choice="required"),
+    # Short, sober answers; a first turn that must use a tool, so even the tiny offline model
+    # starts by looking things up; an answer after two tool turns; no identical call twice.
+    model_settings=ModelSettings(temperature=0, max_tokens=150, first_turn_tool_choice="required"),
+    answer_after_tool_turns=2,
+    max_repeated_calls=1,
 )
 
+# The request names the conversion the way the tool's arguments do ("500 EUR to JPY"): asked
+# "how much is my cash in JPY?", the bundled 135M model converted to USD.
 DEMO_PROMPT = (
-    "I'm flying to Paris and then Tokyo next week with 500 EUR in cash. "
-    "What weather should I pack for, and how much is my cash in JPY?"
+    "I fly to Paris and then Tokyo next week. Convert my 500 EUR cash to JPY, and tell me "
+    "what weather to pack for in Paris and in Tokyo."
 )
 
 
@@ -71,10 +88,9 @@ def scripted_demo(request: ScriptedRequest) -> Step:
     the way a good model would, so the demo shows a real multi-step durable run."""
     results = request.tool_results
     if not results:
-        return batch(call("get_weather", city="Paris"), call("get_weather", city="Tokyo"))
-    if len(results) == 2:
+        return call("get_weather", cities=["Paris", "Tokyo"])
+    if len(results) == 1:
         return call("convert_currency", amount=500, from_currency="EUR", to_currency="JPY")
     return text(
-        f"Paris: {results[0]}. Tokyo: {results[1]}. Pack layers and a rain jacket. "
-        f"Your cash: {results[2]}."
+        f"{results[0]}. Pack layers and a rain jacket. Your cash: {results[1]}."
     )

@@ -66,7 +66,9 @@ research_lead = Agent(
 
 
 def scripted_research_lead(request: ScriptedRequest) -> Step:
-    """A deterministic stand-in for the model of all three agents."""
+    """A deterministic stand-in for the model of all three agents. Which agent asks shows in
+    the tools it was given, and each decides from its own conversation only (never from the
+    order in which requests reach the server, which the concurrent children make arbitrary)."""
     if "spawn_subagent" in request.tool_names:
         return _lead(request)
     if "lookup_notes" in request.tool_names:
@@ -82,12 +84,26 @@ def _lead(request: ScriptedRequest) -> Step:
     topics = re.findall(r"\b(Temporal|Celery)\b", task, flags=re.IGNORECASE) or ["temporal"]
     everything = json.dumps(request.messages)
     reports = re.findall(r"Report: ([^\"\\\\]+)", everything)
-    # by what the lead's own conversation holds, not by request.index: the three agents share
-    # one model, so researchers' requests may come between the lead's
-    if not request.tool_results:
+    called = _called_tools(request)
+    if "spawn_subagent" not in called:
         return batch(*(call("spawn_subagent", prompt=f"Research {t.lower()}") for t in topics))
-    if "ask_editor" not in everything:
+    if "ask_editor" not in called:
         return call("ask_editor", input=f"Notes: comparing {', '.join(topics)} for agent runs.")
     if len(reports) < len(topics):
         return call("wait_subagents", timeout_seconds=30)
     return text("Comparison:\n" + "\n".join(f"- {r.strip()}" for r in reports))
+
+
+def _called_tools(request: ScriptedRequest) -> set[str]:
+    """Names of the tools this agent already called in its conversation (OpenAI wire format;
+    Anthropic's ``tool_use`` blocks too)."""
+    names: set[str] = set()
+    for m in request.messages:
+        for tc in m.get("tool_calls") or []:
+            names.add(tc.get("function", {}).get("name", ""))
+        if isinstance(m.get("content"), list):
+            names.update(
+                b.get("name", "") for b in m["content"]
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            )
+    return names

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Annotated, Literal
 
-from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, tool
+from pydantic import Field
+
+from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, ModelSettings, tool
 from relaykit.testing.scripted_server import ScriptedRequest, Step, call, text
 
 log = logging.getLogger(__name__)
@@ -38,14 +41,27 @@ _SERVICES = {
 }
 
 
+# Bounded argument types are part of the tool's JSON schema: a model on a constrained server
+# (the bundled one) cannot write a 150-digit invoice number or a service that does not exist.
+InvoiceId = Annotated[str, Field(max_length=20)]
+
+
+def _invoice_key(invoice_id: str) -> str:
+    """ "latest", "INV-1042", "inv-1042" and a bare "1042" all name an invoice."""
+    key = invoice_id.strip().upper()
+    if key == "LATEST":
+        return _LATEST_INVOICE
+    return f"INV-{key}" if key.isdigit() else key
+
+
 @tool
-def lookup_invoice(invoice_id: str) -> str:
+def lookup_invoice(invoice_id: InvoiceId) -> str:
     """Look up an invoice of the customer's account.
 
     Args:
         invoice_id: The invoice number (e.g. "INV-1042"), or "latest" for the most recent one.
     """
-    key = _LATEST_INVOICE if invoice_id.strip().lower() == "latest" else invoice_id.strip().upper()
+    key = _invoice_key(invoice_id)
     invoice = _INVOICES.get(key)
     if invoice is None:
         return f"no invoice {invoice_id} on this account (known: {', '.join(_INVOICES)})"
@@ -53,21 +69,29 @@ def lookup_invoice(invoice_id: str) -> str:
 
 
 @tool
-def refund_status(invoice_id: str) -> str:
+def refund_status(invoice_id: InvoiceId) -> str:
     """Tell whether a refund exists for an invoice, and when it arrives.
 
     Args:
-        invoice_id: The invoice number, e.g. "INV-1042".
+        invoice_id: The invoice number (e.g. "INV-1042"), or "latest" for the most recent one.
     """
-    return _REFUNDS.get(invoice_id.strip().upper(), f"no refund requested for {invoice_id}")
+    key = _invoice_key(invoice_id)
+    if key not in _INVOICES:
+        # An unknown number gets what the account does have: a small model that invented a
+        # number can still answer from this, instead of guessing again.
+        known = "; ".join(
+            f"{k}: {_REFUNDS.get(k, 'no refund requested')}" for k in _INVOICES
+        )
+        return f"no invoice {invoice_id} on this account. Its invoices: {known}"
+    return _REFUNDS.get(key, f"no refund requested for {key}")
 
 
 @tool
-def service_status(service: str) -> str:
+def service_status(service: Literal["login", "api", "dashboard"]) -> str:
     """Current status of one part of the product.
 
     Args:
-        service: One of "login", "api", "dashboard".
+        service: The part of the product: "login" (signing in), "api" or "dashboard".
     """
     return _SERVICES.get(service.strip().lower(), f"unknown service {service!r}")
 
@@ -85,6 +109,11 @@ billing = Agent(
         "when they give no number), check its refund status, and answer in two sentences."
     ),
     tools=[lookup_invoice, refund_status],
+    # Bounds that let even the bundled 135M model finish: it answers after two tool turns, and
+    # an identical call is never run twice (see docs/local-model.md).
+    model_settings=ModelSettings(temperature=0, max_tokens=150),
+    answer_after_tool_turns=2,
+    max_repeated_calls=1,
 )
 
 support = Agent(
@@ -95,6 +124,9 @@ support = Agent(
         "customer what is going on and what to do, in two sentences."
     ),
     tools=[service_status],
+    model_settings=ModelSettings(temperature=0, max_tokens=150),
+    answer_after_tool_turns=1,
+    max_repeated_calls=1,
 )
 
 triage = Agent(
@@ -104,6 +136,8 @@ triage = Agent(
         "the conversation to the specialist that fits, with a short reason."
     ),
     handoffs=[Handoff(target=billing, on_handoff=audit_handoff), support],
+    # The first answer must be a handoff: a small model would otherwise answer by itself.
+    model_settings=ModelSettings(temperature=0, max_tokens=60, first_turn_tool_choice="required"),
 )
 
 

@@ -6,7 +6,7 @@ so a crash of a worker, a model server or a machine loses nothing.
 
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
-from relaykit.context_policy import ContextPolicy
+from relaykit.context_policy import ContextPolicy, default_context_policy
 from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
 from relaykit.handoff import (
@@ -104,6 +104,7 @@ __all__ = [
     "Worker",
     "compose_data_converter",
     "connect",
+    "default_context_policy",
     "for_context_rewrite",
     "get_run",
     "load_codec",

@@ -79,6 +79,14 @@ class Agent:
     *after* it: ``"request_order"`` (lovia's, the default) starts them only once that approval
     is decided, since they may depend on the approved action; ``"parallel"`` runs them at once.
     Calls asked for *before* it run while it waits, either way (docs/approvals.md)."""
+    max_repeated_calls: int | None = 3
+    """How many times one tool call (same tool, same arguments) runs before the loop guard
+    answers it with the earlier result instead of running it again; counts restart at each
+    user-side message. ``None`` turns the guard off (a tool polled on purpose)."""
+    answer_after_tool_turns: int | None = None
+    """After this many of its own turns with tool calls since the last user-side message, the
+    agent's next model call gets no tools, so it answers with what it found. Small models
+    wander from tool to tool; this bounds them however high a run's ``max_turns`` is."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -95,6 +103,14 @@ class Agent:
                 f"agent {self.name!r}: approval_order must be 'request_order' or 'parallel', "
                 f"not {self.approval_order!r}"
             )
+        for option in ("max_repeated_calls", "answer_after_tool_turns"):
+            value = getattr(self, option)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: {option} must be a positive int or None, got {value!r}"
+                )
         for entry in self.tools:
             if not isinstance(entry, (Tool, AgentTool)):
                 raise ConfigurationError(

@@ -10,9 +10,12 @@ names the stored prefix).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from relaykit.models.spec import ModelSpec
 
 SUMMARY_INSTRUCTIONS = (
     "You compress a conversation between a user, an AI agent and its tools so the agent can "
@@ -29,3 +32,24 @@ class ContextPolicy(BaseModel):
     keep_last_turns: int = 4
     strategy: Literal["summarize", "keep_last"] = "summarize"
     summary_instructions: str = SUMMARY_INSTRUCTIONS
+
+
+SMALL_CONTEXT_WINDOW = 32_768
+"""Models with a context window up to this size get :func:`default_context_policy`."""
+
+
+def default_context_policy(model: ModelSpec) -> ContextPolicy | None:
+    """The policy for an agent that set none, when its model's window is known and small.
+
+    A small model loops and repeats (one identical call filled SmolLM2's 4k window in 40 turns),
+    and then the run fails with ``ContextWindowExceeded``. Dropping old turns keeps it going;
+    summarising would ask that same small model for a summary, slowly and badly, so the default
+    drops them. Compaction starts at 60% of the window: the system prompt, tool schemas and the
+    answer need the rest.
+    """
+    window = model.context_window
+    if window is None or window > SMALL_CONTEXT_WINDOW:
+        return None
+    return ContextPolicy(
+        max_input_tokens=int(window * 0.6), keep_last_turns=2, strategy="keep_last"
+    )

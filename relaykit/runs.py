@@ -136,6 +136,28 @@ class RunSetup(BaseModel):
     """Whether the run upserts relaykit's search attributes."""
     event_groups: bool = False
     """Whether each turn's commands carry an event group for the Temporal UI."""
+class RepeatedCall(BaseModel):
+    """One distinct tool call (name and canonical arguments) the loop guard has seen."""
+
+    count: int = 0
+    """How many times it ran since the last user-side message."""
+    last_call_id: str = ""
+    result: str | None = None
+    """The head of its latest result, once that result is in the transcript."""
+
+
+class RepeatGuardState(BaseModel):
+    """What the loop guard remembers (:mod:`relaykit.workflows.loop_guard`); it lives in the
+    run state so that it survives continue-as-new."""
+
+    seen: int = 0
+    """Absolute transcript length at the last check (messages after it are read at the next)."""
+    calls: dict[str, RepeatedCall] = Field(default_factory=dict)
+    blocked_turn: int = 0
+    """The last turn in which a call was refused as a repeat, and how many were refused then
+    out of how many calls that turn made."""
+    blocked: int = 0
+    calls_in_turn: int = 0
 
 
 class RunState(BaseModel):
@@ -175,6 +197,8 @@ class RunState(BaseModel):
     """How many workflow runs (continue-as-new generations) this run has had."""
     setup: RunSetup | None = None
     """Recorded at the first workflow task (see :class:`RunSetup`)."""
+    repeats: RepeatGuardState = Field(default_factory=RepeatGuardState)
+    """The loop guard's memory of identical tool calls."""
 
 
 class RunInput(BaseModel):

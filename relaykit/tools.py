@@ -374,7 +374,7 @@ def _build_args_model(
 ) -> tuple[type[BaseModel], str | None]:
     signature = inspect.signature(fn)
     try:
-        hints = get_type_hints(fn)
+        hints = get_type_hints(fn, include_extras=True)  # keep Annotated[..., Field(...)] bounds
     except Exception as exc:  # noqa: BLE001
         raise ConfigurationError(
             f"cannot resolve the type hints of tool {name!r}: {exc}",

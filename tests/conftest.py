@@ -58,3 +58,16 @@ def model_server() -> Iterator[ScriptedModelServer]:
     ``support.scripted_model``), so they never share a script."""
     with ScriptedModelServer() as server:
         yield server
+
+
+# --- Temp folders ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_transcript_dir() -> Iterator[None]:
+    """Test workers keep transcript prefixes in one temp directory per session
+    (``support.transcript_dir``); it goes when the session ends."""
+    yield
+    from tests.support import remove_transcript_dir
+
+    remove_transcript_dir()

@@ -3,6 +3,7 @@ and readers of a run's Temporal history."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -30,6 +31,13 @@ def transcript_dir() -> str:
         _transcript_dir.append(tempfile.mkdtemp(prefix="relaykit-test-transcripts-"))
         atexit.register(shutil.rmtree, _transcript_dir[0], ignore_errors=True)  # leave no store
     return _transcript_dir[0]
+
+
+def remove_transcript_dir() -> None:
+    """Delete the session's transcript directory (the session fixture in conftest calls it at
+    the end, so no test run leaves megabytes in the temp folder)."""
+    while _transcript_dir:
+        shutil.rmtree(_transcript_dir.pop(), ignore_errors=True)
 
 
 def scripted_model(

@@ -84,6 +84,8 @@ class CrashRig:
             CRASH_RELEASE_FILE=str(self.release_file),
             RELAYKIT_STORE=(self.tmp / "store").as_uri(),  # not the repository's .relaykit/
             PYTHONUNBUFFERED="1",
+            # the workers' shared transcript store: in the test's temp dir, not the checkout
+            RELAYKIT_TRANSCRIPT_DIR=str(self.tmp / "transcripts"),
         )
         return env
 

@@ -242,3 +242,58 @@ def relaykit_user(text: str) -> Any:
     from relaykit.messages import Message
 
     return Message.user(text)
+
+
+# --- the examples finish on the bundled model ------------------------------------------------
+
+
+async def test_relaykit_run_triage_wait_ends_with_an_answer_on_the_local_model(
+    client: Any, temporal_server: Any
+) -> None:
+    # The README's first command pair, with the bundled model behind the worker: before the loop
+    # guard and the examples' bounds, this repeated one call 40 times and failed. Right or wrong,
+    # it must now end with an answer (bench/quality.py measures rightness and time).
+    import asyncio
+    import os
+    import sys
+    import time
+    from pathlib import Path
+
+    from examples.triage import triage
+    from relaykit.models.spec import parse_model
+    from tests.support import serving
+
+    async with serving(client, triage, default_model=parse_model("local:smollm2")) as worker:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+        env.update(TEMPORAL_ADDRESS=temporal_server.address, TEMPORAL_NAMESPACE="default", NO_COLOR="1")
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relaykit.cli", "run", "triage", "I was charged twice", "--wait",
+            "--task-queue", worker.task_queue,
+            cwd=Path(__file__).resolve().parents[1], env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
+        seconds = time.monotonic() - started
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip(), err.decode()
+    print(f"relaykit run triage --wait on the local model: {seconds:.1f} s")
+
+
+async def test_the_demo_agent_ends_with_an_answer_on_the_local_model(client: Any) -> None:
+    # As `relaykit demo` runs it (max_turns=4, answer on the last turn).
+    from examples.demo import DEMO_PROMPT, travel_assistant
+    from relaykit import start_run
+    from relaykit.models.spec import parse_model
+    from tests.support import serving
+
+    model = parse_model("local:smollm2")
+    async with serving(client, travel_assistant, default_model=model) as worker:
+        handle = await start_run(
+            client, travel_assistant, DEMO_PROMPT, task_queue=worker.task_queue,
+            max_turns=4, answer_on_last_turn=True,
+        )
+        result = await handle.result()
+    assert isinstance(result.output, str) and result.output.strip()
+    assert result.turns <= 4
+

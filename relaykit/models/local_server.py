@@ -28,6 +28,7 @@ from typing import IO, Self
 import httpx
 
 from relaykit.errors import ConfigurationError
+from relaykit.models.spec import LOCAL_CONTEXT_WINDOW
 
 #: Environment variable through which a worker tells model activities where the server listens.
 LOCAL_BASE_URL_ENV = "RELAYKIT_LOCAL_BASE_URL"
@@ -96,7 +97,7 @@ class LocalModelServer:
         *,
         port: int = 0,
         threads: int = 1,
-        context_size: int = 4096,
+        context_size: int = LOCAL_CONTEXT_WINDOW,
         parallel: int = 1,
         startup_timeout: float = 60.0,
     ) -> None:
@@ -256,7 +257,7 @@ def _serve(argv: list[str] | None = None) -> None:
     parser.add_argument("--alias", default=None, help="model id the server reports")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--ctx", type=int, default=LOCAL_CONTEXT_WINDOW)
     parser.add_argument("--parallel", type=int, default=1)
     args = parser.parse_args(argv)
     import xllamacpp

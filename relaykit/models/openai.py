@@ -355,6 +355,80 @@ def _usage(data: Any) -> Usage:
     )
 
 
+def close_truncated_json(text: str) -> str | None:
+    """Complete a JSON value that a token limit cut short, or ``None`` if that is not possible.
+
+    A constrained answer is valid JSON up to where ``max_tokens`` stopped it, so closing the
+    open string, dropping a dangling key or separator, and closing the open objects and arrays
+    turns it into the call or reply the model was writing (with a shortened last value), instead
+    of raw JSON reaching the user as the answer.
+    """
+    stack: list[str] = []
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not stack:
+                return None
+            stack.pop()
+    if not stack and not in_string:
+        return None  # complete (or not JSON at all): nothing to close
+    body = text
+    if in_string:
+        if escaped:
+            body = body[:-1]
+        body += '"'
+    candidates = [body]
+    # A dangling key, colon or comma: drop back to the last complete member.
+    for cut in (body.rfind(","), body.rfind("{"), body.rfind("[")):
+        if cut > 0:
+            candidates.append(body[: cut + (1 if body[cut] in "{[" else 0)])
+    for candidate in candidates:
+        closing = _closers(candidate)
+        if closing is None:
+            continue
+        try:
+            json.loads(candidate + closing)
+        except ValueError:
+            continue
+        return candidate + closing
+    return None
+
+
+def _closers(text: str) -> str | None:
+    stack: list[str] = []
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not stack:
+                return None
+            stack.pop()
+    if in_string:
+        return None
+    return "".join(reversed(stack))
+
+
 def _finish(
     request: ModelRequest,
     text: str,
@@ -364,6 +438,8 @@ def _finish(
     finish_reason: str | None,
 ) -> ModelResponse:
     if request.model.tool_calls == "constrained":
+        if finish_reason == "length" and constrained_schema(request) is not None:
+            text = close_truncated_json(text) or text  # cut short by max_tokens
         message = parse_constrained(text, request)
         if message.tool_calls and finish_reason == "stop":
             finish_reason = "tool_calls"

@@ -25,6 +25,11 @@ _COMPATIBLE_SERVERS: dict[str, str] = {
 }
 
 
+LOCAL_CONTEXT_WINDOW = 4096
+"""Context window (tokens) of the bundled local model's server: SmolLM2 was trained for 8k,
+but on a small CPU prompt processing dominates, and half of that keeps each turn quick."""
+
+
 class ModelSettings(CompactModel):
     """Sampling and tool-use settings sent with every request of an agent (all optional)."""
 
@@ -60,6 +65,9 @@ class ModelSpec(CompactModel):
     tool_calls: Literal["native", "constrained"] = "native"
     stream: bool = False
     """Read the provider's SSE stream (token deltas are published while the model writes)."""
+    context_window: int | None = None
+    """The model's context window in tokens, when known. Agents without a ``context_policy``
+    get a default one for small windows (:func:`relaykit.context_policy.default_context_policy`)."""
 
     @property
     def label(self) -> str:
@@ -82,7 +90,10 @@ def parse_model(model: str | ModelSpec) -> ModelSpec:
     if prefix in ("openai", "anthropic"):
         return ModelSpec(provider=prefix, name=name)
     if prefix == "local":
-        return ModelSpec(provider="local", name=name, tool_calls="constrained")
+        return ModelSpec(
+            provider="local", name=name, tool_calls="constrained",
+            context_window=LOCAL_CONTEXT_WINDOW,
+        )
     if prefix in _COMPATIBLE_SERVERS:
         return ModelSpec(provider="openai", name=name, base_url=_COMPATIBLE_SERVERS[prefix])
     raise ConfigurationError(

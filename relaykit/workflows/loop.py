@@ -32,6 +32,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 from relaykit import errors
 from relaykit.agent import Agent, AgentTool, Budget, RunContext
+from relaykit.context_policy import default_context_policy
 from relaykit.graph import AgentGraph
 from relaykit.handoff import (
     Handoff,
@@ -60,6 +61,7 @@ from relaykit.transcripts import TRANSCRIPT_MISSING
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
+from relaykit.workflows.loop_guard import check_repeat, withhold_tools
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -356,6 +358,8 @@ class TurnLoop:
         settings = agent.model_settings or ModelSettings()
         if self.input.answer_on_last_turn and self.state.turn >= self.input.max_turns:
             return settings.model_copy(update={"tool_choice": "none"})
+        if withhold_tools(self.state, agent):  # stuck or out of tool turns (loop guard)
+            return settings.model_copy(update={"tool_choice": "none"})
         if settings.first_turn_tool_choice and self.state.turn == 1:
             return settings.model_copy(update={"tool_choice": settings.first_turn_tool_choice})
         return settings
@@ -646,6 +650,9 @@ class TurnLoop:
                 f"Unknown tool {call.name!r}. Available tools: {known}.",
                 is_error=True,
             )
+        repeated = check_repeat(self.state, call, agent.max_repeated_calls)  # loop guard
+        if repeated is not None:
+            return self.tool_message(call, repeated, is_error=False)
         if isinstance(entry, AgentTool):
             return await self.children.run_agent_tool(entry, call)
         try:
@@ -891,6 +898,8 @@ class TurnLoop:
 
     async def _maybe_compact(self) -> None:
         policy = self.graph.agents.get(self.input.agent, self.current_agent).context_policy
+        if policy is None:  # small context windows get one by default
+            policy = default_context_policy(self.graph.model_for(self.current_agent))
         if policy is None or self._last_input_tokens < policy.max_input_tokens:
             return
         transcript = self.state.transcript
