@@ -641,9 +641,8 @@ class TurnLoop:
         entry = next((t for t in agent.tools if t.name == call.name), None)
         if entry is None and agent.subagents is not None and call.name in SUBAGENT_TOOLS:
             return await self.children.run_tool(agent, call)
-        if entry is None and (mcp_entry := self.mcp.lookup(agent, call.name)) is not None:
-            return await self.mcp.run_call(agent, mcp_entry, call)
-        if entry is None:
+        mcp_entry = self.mcp.lookup(agent, call.name) if entry is None else None
+        if entry is None and mcp_entry is None:
             known = ", ".join(spec.name for spec in self.tool_specs(agent)) or "none"
             return self.tool_message(
                 call,
@@ -653,6 +652,8 @@ class TurnLoop:
         repeated = check_repeat(self.state, call, agent.max_repeated_calls)  # loop guard
         if repeated is not None:
             return self.tool_message(call, repeated, is_error=False)
+        if mcp_entry is not None:
+            return await self.mcp.run_call(agent, mcp_entry, call)
         if isinstance(entry, AgentTool):
             return await self.children.run_agent_tool(entry, call)
         try:
