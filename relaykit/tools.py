@@ -61,8 +61,13 @@ DEFAULT_TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 heartbeat automatically while they run (see :meth:`Tool.invoke`), so this only bounds how long a
 crashed worker holds a call; pass ``heartbeat_timeout=0`` to turn it off."""
 MAX_TOOL_RESULT_BYTES = 256 * 1024
-"""Hard cap on a tool result's encoded size, whatever ``max_output_chars`` says: Temporal
-refuses payloads over 2 MB (by default), and a result also travels in the next model request."""
+"""Hard cap on a tool result's encoded size, whatever ``max_output_chars`` says, on a worker
+whose data converter has no external payload storage: Temporal refuses payloads over 2 MB (by
+default), and a result also travels in the next model request."""
+MAX_OFFLOADED_TOOL_RESULT_BYTES = 8 * 1024 * 1024
+"""The same cap on a worker with external payload storage (relaykit's workers have it by
+default, :mod:`relaykit.storage`): a large result is kept in the store instead of history, so a
+raised ``max_output_chars`` is honoured up to this size."""
 MAX_TOOL_ERROR_BYTES = 16 * 1024
 """Cap on an error message (and an ``ApplicationError``'s details) a tool produces."""
 PAYLOAD_CUT_MARKER = (
@@ -197,7 +202,10 @@ class Tool:
         return bool(self.needs_approval)
 
     async def invoke(
-        self, invocation: ToolInvocation, executor: concurrent.futures.Executor | None = None
+        self,
+        invocation: ToolInvocation,
+        executor: concurrent.futures.Executor | None = None,
+        max_result_bytes: int = MAX_TOOL_RESULT_BYTES,
     ) -> ToolOutcome:
         """Run the function for one call (activity side).
 
@@ -220,13 +228,13 @@ class Tool:
             else:
                 call = functools.partial(contextvars.copy_context().run, self.function, **kwargs)
                 value = await asyncio.get_running_loop().run_in_executor(executor, call)
-        return ToolOutcome(content=self.truncate(render_tool_output(value)))
+        return ToolOutcome(content=self.truncate(render_tool_output(value), max_result_bytes))
 
-    def truncate(self, text: str) -> str:
+    def truncate(self, text: str, max_bytes: int = MAX_TOOL_RESULT_BYTES) -> str:
         if len(text) > self.max_output_chars:
             dropped = len(text) - self.max_output_chars
             text = text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
-        return cut_to_bytes(text, MAX_TOOL_RESULT_BYTES)
+        return cut_to_bytes(text, max_bytes)
 
 
 def cut_to_bytes(text: str, limit: int) -> str:

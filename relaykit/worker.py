@@ -30,6 +30,7 @@ from relaykit.search_attributes import ALL as RELAY_SEARCH_ATTRIBUTES
 from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
 from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors
+from relaykit.tools import MAX_OFFLOADED_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES
 from relaykit.transcripts import TranscriptStore
 from relaykit.workflows.agent_run import AgentRun
 
@@ -130,6 +131,12 @@ class Worker:
             config["data_converter"] = with_external_storage(client.data_converter, self.store)
             client = Client(**config)
         self.client = client
+        self.max_tool_result_bytes = (
+            MAX_OFFLOADED_TOOL_RESULT_BYTES
+            if client.data_converter.external_storage is not None
+            else MAX_TOOL_RESULT_BYTES
+        )
+        """The encoded size past which tool results are cut (larger when payloads offload)."""
         self.task_queue = task_queue
         self._workflows = list(workflows)
         self._activities = list(activities)
@@ -190,7 +197,9 @@ class Worker:
         )
         executor = self._tool_executor
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
-        activities.extend(tool_activity(t, executor) for t in self.graph.tools.values())
+        activities.extend(
+            tool_activity(t, executor, self.max_tool_result_bytes) for t in self.graph.tools.values()
+        )
         activities.extend(
             handoff_activity(h, executor)
             for h in self.graph.handoffs.values()

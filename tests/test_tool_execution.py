@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import threading
 import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
+from pydantic_core import to_json
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
@@ -19,8 +21,10 @@ from temporalio.exceptions import ApplicationError
 from relaykit import Agent, ToolContext, start_run, tool
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.tools import (
+    ToolInvocation,
     DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
     MAX_TOOL_ERROR_BYTES,
+    MAX_OFFLOADED_TOOL_RESULT_BYTES,
     MAX_TOOL_RESULT_BYTES,
 )
 from tests.support import history_events, scripted_model, serving
@@ -244,7 +248,8 @@ async def test_a_result_over_the_payload_limit_runs_once_and_reaches_the_model_c
     agent, model = _agent(model_server, "huge_result", returns_huge)
     model_server.script(model, [call("returns_huge", key=key), text("read it")])
     async with serving(client, agent) as worker:
-        handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
+        # the worker's client: it reads payloads the worker offloaded to its store
+        handle = await start_run(worker.client, agent, "go", task_queue=worker.task_queue)
         result = await asyncio.wait_for(handle.result(), timeout=60)
     assert result.output == "read it"
     assert RUNS[key] == 1
@@ -252,7 +257,9 @@ async def test_a_result_over_the_payload_limit_runs_once_and_reaches_the_model_c
     assert not message.is_error
     assert message.content.startswith("\u0001\u0001")
     assert "cut by relaykit" in message.content
-    assert len(message.content) < MAX_TOOL_RESULT_BYTES // 5
+    # cut below the worker's limit (8 MiB: its payloads offload to the store), once encoded
+    assert worker.max_tool_result_bytes == MAX_OFFLOADED_TOOL_RESULT_BYTES
+    assert len(message.content) < worker.max_tool_result_bytes // 5
 
 
 async def test_async_and_sync_tools_heartbeat_on_their_own_while_they_run(
@@ -344,3 +351,11 @@ async def test_hung_sync_tools_do_not_make_unrelated_runs_model_calls_fail(
                 await h.workflow.terminate("test over")
     finally:
         HUNG.set()
+
+
+async def test_without_external_storage_a_result_is_cut_below_temporals_payload_limit() -> None:
+    # A tool activity on a worker whose converter cannot offload large payloads.
+    invocation = ToolInvocation(call_id="c1", arguments=json.dumps({"key": uuid.uuid4().hex}))
+    outcome = await returns_huge.invoke(invocation)
+    assert "cut by relaykit" in outcome.content
+    assert len(to_json(outcome.content)) <= MAX_TOOL_RESULT_BYTES

@@ -322,7 +322,7 @@ async def test_a_gzip_bomb_costs_no_more_memory_than_the_byte_limit(pages: PageS
 
 
 async def test_compressed_pages_are_read_and_cut_at_the_decoded_limit(pages: PageServer) -> None:
-    text = "durable " * 50_000  # 400 KB
+    text = "durable " * 30_000  # 240 KB
     raw_deflate = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
     pages.routes.update(
         {
@@ -343,7 +343,7 @@ async def test_compressed_pages_are_read_and_cut_at_the_decoded_limit(pages: Pag
         assert "\n\ndurable durable" in out
         assert "only its first 100,000 bytes were read" in out
     whole = await fetch(local_fetch(max_chars=1_000_000), pages.url("/gz.txt"))
-    assert whole.count("durable") == 50_000
+    assert whole.count("durable") == 30_000
     with pytest.raises(FetchError, match="corrupt"):
         await fetch(tool, pages.url("/corrupt.txt"))
     with pytest.raises(FetchRefused, match="unsupported content encoding"):

@@ -20,17 +20,20 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from relaykit.handoff import Handoff, HandoffArgs, HandoffCallbackInput
-from relaykit.tools import MAX_TOOL_ERROR_BYTES, Tool, ToolInvocation, ToolOutcome, cut_to_bytes
+from relaykit.tools import MAX_TOOL_ERROR_BYTES, MAX_TOOL_RESULT_BYTES, Tool, ToolInvocation, ToolOutcome, cut_to_bytes
 
 
 def tool_activity(
-    tool: Tool, executor: concurrent.futures.Executor | None = None
+    tool: Tool,
+    executor: concurrent.futures.Executor | None = None,
+    max_result_bytes: int = MAX_TOOL_RESULT_BYTES,
 ) -> Callable[..., Any]:
-    """The activity that runs ``tool`` for one call (a sync tool on ``executor``)."""
+    """The activity that runs ``tool`` for one call (a sync tool on ``executor``), its result
+    cut to ``max_result_bytes`` once encoded."""
 
     async def run_tool(invocation: ToolInvocation) -> ToolOutcome:
         try:
-            return await tool.invoke(invocation, executor)
+            return await tool.invoke(invocation, executor, max_result_bytes)
         except ApplicationError as exc:
             raise bounded_application_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - the model decides what to do about it
