@@ -363,24 +363,10 @@ def close_truncated_json(text: str) -> str | None:
     turns it into the call or reply the model was writing (with a shortened last value), instead
     of raw JSON reaching the user as the answer.
     """
-    stack: list[str] = []
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            if not stack:
-                return None
-            stack.pop()
+    scanned = _scan(text)
+    if scanned is None:
+        return None
+    stack, in_string, escaped = scanned
     if not stack and not in_string:
         return None  # complete (or not JSON at all): nothing to close
     body = text
@@ -405,7 +391,9 @@ def close_truncated_json(text: str) -> str | None:
     return None
 
 
-def _closers(text: str) -> str | None:
+def _scan(text: str) -> tuple[list[str], bool, bool] | None:
+    """The closers still owed after ``text`` (innermost last), whether it ends inside a string
+    and right after a backslash there; ``None`` if it closes more than it opened."""
     stack: list[str] = []
     in_string = escaped = False
     for ch in text:
@@ -424,9 +412,14 @@ def _closers(text: str) -> str | None:
             if not stack:
                 return None
             stack.pop()
-    if in_string:
+    return stack, in_string, escaped
+
+
+def _closers(text: str) -> str | None:
+    scanned = _scan(text)
+    if scanned is None or scanned[1]:
         return None
-    return "".join(reversed(stack))
+    return "".join(reversed(scanned[0]))
 
 
 def _finish(
