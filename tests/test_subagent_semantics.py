@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from relaykit import Agent, RunFailed, Subagents, ToolContext, start_run, tool
@@ -90,7 +90,16 @@ async def test_a_tool_that_cancels_its_own_agent_tool_child_run_ends_the_parent_
     assert failure.value.type == "RunCancelled"
     assert child.status is not None and child.status.name == "CANCELED"
     assert parent.status is not None and parent.status.name == "CANCELED"
-    assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in await _event_types(handle)
+    # The child's cancel request can reach the parent while the parent completes a task; the
+    # server then refuses that completion (UnhandledCommand) and the task runs again with the
+    # request in view. That is Temporal's normal race, not a failure of workflow code.
+    failed = [
+        e for e in await history_events(handle.workflow)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        and e.workflow_task_failed_event_attributes.cause
+        != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+    ]
+    assert failed == []
 
 
 async def test_an_agent_tool_child_that_fails_is_still_an_error_result_for_the_parent(
