@@ -222,6 +222,17 @@ def _no_worker_message(task_queue: str) -> str:
     )
 
 
+async def _served(client: Client, task_queue: str) -> bool:
+    try:
+        return await task_queue_has_worker(client, task_queue)
+    except RPCError:  # no permission to describe queues: assume served, say nothing
+        return True
+
+
+def _warn_no_worker(task_queue: str) -> None:
+    err_console.print(f"[yellow]warning:[/yellow] {_no_worker_message(task_queue)}", highlight=False)
+
+
 async def _client(address: str | None, namespace: str | None) -> Client:
     """A client with the codec ``RELAYKIT_CODEC`` names (see :mod:`relaykit.codec`)."""
     return await connect(address, namespace=namespace)
@@ -276,6 +287,27 @@ async def _described(
         ) from exc
     await _check_payloads_readable(handle)
     return handle, description
+
+
+async def _queried_handle(
+    run_id: str, address: str | None, namespace: str | None, what: str
+) -> tuple[RunHandle, WorkflowExecutionDescription]:
+    """The handle of a run whose ``what`` is about to be read by a query. Temporal answers a
+    query by replaying the run on a worker, closed runs included, so with no worker on the
+    run's task queue the query would only time out after about 30 s; say why at once."""
+    handle, description = await _described(run_id, address, namespace)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if await _served(handle.client, queue):
+        return handle, description
+    if _is_open(description):  # the answer comes once a worker does
+        _warn_no_worker(queue)
+        return handle, description
+    raise RelaykitError(
+        f"run {run_id!r} is closed ({_status_word(description)}) and no worker polls task queue "
+        f"{queue!r}: a run's {what} is read by a worker replaying it",
+        hint=f"start one with `relaykit worker MODULE --task-queue {queue}`; `relaykit result "
+        f"{run_id}` shows how it ended without one",
+    )
 
 
 async def _open_handle(
@@ -446,15 +478,8 @@ async def _wait_for_result(handle: RunHandle, task_queue: str) -> RunResult:
                     break
                 if not worker_checked and time.monotonic() - began >= NO_WORKER_AFTER:
                     worker_checked = True
-                    try:
-                        served = await task_queue_has_worker(handle.client, task_queue)
-                    except RPCError:
-                        served = True  # no permission to describe queues: say nothing
-                    if not served:
-                        err_console.print(
-                            f"[yellow]warning:[/yellow] {_no_worker_message(task_queue)}",
-                            highlight=False,
-                        )
+                    if not await _served(handle.client, task_queue):
+                        _warn_no_worker(task_queue)
                 if live:
                     line = await _status_line(handle)
                     if line is not None and hasattr(status, "update"):
@@ -645,7 +670,7 @@ async def cancel(
     handle, description = await _open_handle(run_id, address, namespace, "cancel")
     await handle.cancel()
     queue = description.task_queue or DEFAULT_TASK_QUEUE
-    if not await task_queue_has_worker(handle.client, queue):
+    if not await _served(handle.client, queue):
         raise RelaykitError(
             f"cancel requested, but no worker polls task queue {queue!r}, so nothing can act "
             "on it until one does",
@@ -691,7 +716,7 @@ async def events(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Print a run's event log."""
-    handle = await _handle(run_id, address, namespace)
+    handle, _ = await _queried_handle(run_id, address, namespace, "event log")
     for event in await handle.events(offset):
         if as_json:
             print(event.model_dump_json())
@@ -718,7 +743,7 @@ async def watch(
     """Follow a run (and its child runs) live, or print a finished run's log."""
     from relaykit.watch import watch_run
 
-    handle = await _handle(run_id, address, namespace)
+    handle, _ = await _queried_handle(run_id, address, namespace, "event log")
     seen = {"cursor": start}
 
     def remember(cursor: str) -> None:

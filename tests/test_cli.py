@@ -388,6 +388,17 @@ def test_commands_on_a_closed_run_say_it_is_closed_and_fail(temporal_server: Dev
     assert pending.returncode == 0
     assert pending.stdout == ""
     assert f"run {run_id} is closed (terminated): nothing waits for approval" in pending.stderr
+    # Reading the log of a closed run needs a worker to replay it: say so at once, not after
+    # the query's 30 s timeout.
+    for args in (["events", run_id], ["watch", run_id, "--plain"]):
+        done = relaykit(*args, env=env, timeout=20)
+        assert done.returncode == 1, args
+        assert done.stderr.strip().splitlines() == [
+            f"error: run '{run_id}' is closed (terminated) and no worker polls task queue "
+            f"'{queue_name}': a run's event log is read by a worker replaying it (hint: start one "
+            f"with `relaykit worker MODULE --task-queue {queue_name}`; `relaykit result {run_id}` "
+            "shows how it ended without one)"
+        ], args
 
 
 def test_unknown_run_hint_points_to_relaykit_runs(temporal_server: DevServer) -> None:
