@@ -324,6 +324,23 @@ async def _open_handle(
     return handle, description
 
 
+async def _served_handle(
+    run_id: str, address: str | None, namespace: str | None, doing: str
+) -> tuple[RunHandle, WorkflowExecutionDescription]:
+    """The handle of an open run for a command Temporal delivers as an update: the run's worker
+    validates and accepts it, so with no worker polling the command would wait without a word
+    (and a person would not know whether their answer was taken)."""
+    handle, description = await _open_handle(run_id, address, namespace, doing)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if not await _served(handle.client, queue):
+        raise RelaykitError(
+            f"no worker polls task queue {queue!r}, so run {run_id!r} cannot {doing} until one "
+            "does",
+            hint=f"start one with `relaykit worker MODULE --task-queue {queue}`",
+        )
+    return handle, description
+
+
 def _print_result(result: Any, as_json: bool) -> None:
     if as_json:
         print(result.model_dump_json(indent=2))
@@ -610,7 +627,7 @@ async def approve(
 ) -> None:
     """Approve (or --reject) a tool call waiting for a person."""
     _text_arg(reason, "reason")
-    handle, _ = await _open_handle(run_id, address, namespace, "answer approvals")
+    handle, _ = await _served_handle(run_id, address, namespace, "answer approvals")
     item = await handle.approve(call_id, approved=not reject, reason=reason)
     print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
 
@@ -625,7 +642,7 @@ async def send(
 ) -> None:
     """Inject a user message into a running run."""
     _text_arg(text, "message")
-    handle, _ = await _open_handle(run_id, address, namespace, "take messages")
+    handle, _ = await _served_handle(run_id, address, namespace, "take messages")
     await handle.send_message(text)
     print("queued")
 

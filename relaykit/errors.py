@@ -42,5 +42,8 @@ PAYLOAD_TOO_LARGE = "PayloadTooLarge"
 UNKNOWN_AGENT = "UnknownAgent"
 INVALID_RUN_INPUT = "InvalidRunInput"
 RUN_CANCELLED = "RunCancelled"
+HANDOFF_FILTER_FAILED = "HandoffFilterFailed"
+"""A handoff's ``input_filter`` raised or returned something other than messages: a bug in
+workflow code that every retry would repeat, so the run ends instead of its tasks failing."""
 MCP_SERVER_UNAVAILABLE = "MCPServerUnavailable"
 """An MCP server could not list its tools (after its retries): the run cannot show them."""

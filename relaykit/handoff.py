@@ -13,7 +13,8 @@ Semantics (lovia's, see the docs):
   keys) does not switch agents: the model gets an error result and may call it again.
 
 ``on_handoff`` may do I/O (audit logs), so it runs as an activity named after the handoff tool.
-``input_filter`` runs in workflow code and must be a pure function of its input.
+``input_filter`` runs in workflow code and must be a pure function of its input; one that raises
+or returns something other than messages ends the run with ``HandoffFilterFailed``.
 """
 
 from __future__ import annotations

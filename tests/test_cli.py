@@ -372,6 +372,16 @@ def test_commands_on_a_closed_run_say_it_is_closed_and_fail(temporal_server: Dev
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
 
+    # Approvals and messages are updates a worker must accept: with none, say so, not hang.
+    for args, doing in ((["approve", run_id, "call_1"], "answer approvals"),
+                        (["send", run_id, "more"], "take messages")):
+        done = relaykit(*args, env=env, timeout=20)
+        assert done.returncode == 1, args
+        assert done.stderr.strip().splitlines() == [
+            f"error: no worker polls task queue '{queue_name}', so run '{run_id}' cannot {doing} "
+            f"until one does (hint: start one with `relaykit worker MODULE --task-queue "
+            f"{queue_name}`)"
+        ], args
     cancel = relaykit("cancel", run_id, env=env)  # nobody serves the run: no false success
     assert cancel.returncode == 1
     assert f"cancel requested, but no worker polls task queue '{queue_name}'" in cancel.stderr

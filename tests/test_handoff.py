@@ -593,6 +593,47 @@ async def test_for_context_rewrite_filter_turns_other_agents_words_into_context(
     ]
 
 
+def _raising_filter(data: HandoffInputData) -> list[Message]:
+    raise ValueError("no history for you")
+
+
+def _dict_filter(data: HandoffInputData) -> list[Message]:
+    return [{"role": "user", "content": "hi"}]  # type: ignore[list-item]
+
+
+def _clock_filter(data: HandoffInputData) -> list[Message]:
+    import datetime
+
+    datetime.datetime.now()  # refused by the workflow sandbox: not deterministic
+    return data.history
+
+
+@pytest.mark.parametrize(("input_filter", "problem"), [
+    (_raising_filter, "raised ValueError: no history for you"),
+    (_dict_filter, "returned a dict among its messages"),
+    (_clock_filter, "raised RestrictedWorkflowAccessError"),
+])
+async def test_a_broken_input_filter_ends_the_run_with_a_typed_error(
+    client: Client, model_server: ScriptedModelServer, input_filter: Any, problem: str
+) -> None:
+    # A bug in workflow code would fail every retry of the task alike: the run ends instead,
+    # saying whose filter and what went wrong.
+    billing = agent(model_server, "billing")
+    triage = agent(model_server, "triage", handoffs=[Handoff(billing, input_filter=input_filter)])
+    model_server.script(model_name(triage), [call("transfer_to_billing")])
+    async with serving(client, triage) as worker:
+        handle = await start_run(client, triage, "help", task_queue=worker.task_queue)
+        with pytest.raises(RunFailed) as failure:
+            await asyncio.wait_for(handle.result(), timeout=30)
+    assert failure.value.type == "HandoffFilterFailed"
+    assert failure.value.message.startswith(f"the input_filter of handoff triage → billing {problem}")
+    assert model_server.request_count(model_name(billing)) == 0
+    assert not [
+        e for e in await history_events(handle.workflow)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+    ]
+
+
 # --- durability and visibility ------------------------------------------------------------------
 
 

@@ -845,11 +845,7 @@ class TurnLoop:
         source = self.state.agent
         target = handoff.target.name
         if handoff.input_filter is not None:
-            self.state.transcript = list(
-                handoff.input_filter(
-                    HandoffInputData(source=source, target=target, history=self.state.transcript)
-                )
-            )
+            self.state.transcript = _filtered_history(handoff, source, self.state.transcript)
             self.state.transcript_offset = 0
             self.transport.forget(self.state)
         source_path = list(self.state.run_path)
@@ -997,6 +993,31 @@ def _recorded_choice(patch_id: str, configured: bool) -> bool:
     if workflow.unsafe.is_replaying():
         return workflow.patched(patch_id)
     return configured and workflow.patched(patch_id)
+
+
+def _filtered_history(handoff: Handoff, source: str, history: list[Message]) -> list[Message]:
+    """Run a handoff's ``input_filter``. It is user code in the workflow: one that raises (the
+    sandbox's refusals included) or returns something other than messages would do the same on
+    every retry, so the run ends with ``HandoffFilterFailed`` rather than failing its workflow
+    task forever."""
+    target = handoff.target.name
+    assert handoff.input_filter is not None
+    try:
+        filtered = list(
+            handoff.input_filter(HandoffInputData(source=source, target=target, history=history))
+        )
+    except Exception as exc:  # noqa: BLE001 - any bug in the filter ends the run the same way
+        problem = f"raised {type(exc).__name__}: {_head(str(exc))}"
+    else:
+        wrong = next((item for item in filtered if not isinstance(item, Message)), None)
+        if wrong is None:
+            return filtered
+        problem = f"returned a {type(wrong).__name__} among its messages"
+    raise ApplicationError(
+        f"the input_filter of handoff {source} → {target} {problem}",
+        type=errors.HANDOFF_FILTER_FAILED,
+        non_retryable=True,
+    )
 
 
 def _head(text: str, limit: int = 500) -> str:
