@@ -70,6 +70,13 @@ async def test_watch_of_a_finished_run_prints_the_whole_log_with_child_runs_and_
     assert "run completed · agent manager" in err
 
 
+def _as_in_the_foreground() -> None:
+    """Ctrl-C reaches a command run in the foreground. A suite started in the background (by a
+    shell without job control) ignores SIGINT and its children inherit that, which would leave
+    the watch process deaf to the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_watch_follows_a_live_run_stops_on_ctrl_c_and_resumes_from_its_cursor(
     client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
 ) -> None:
@@ -91,7 +98,7 @@ async def test_watch_follows_a_live_run_stops_on_ctrl_c_and_resumes_from_its_cur
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "relaykit.cli", "watch", handle.id, cwd=ROOT,
                 env=cli_env(temporal_server), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, preexec_fn=_as_in_the_foreground,
             )
             assert proc.stdout is not None
             first: list[str] = []
