@@ -57,7 +57,6 @@ from email.utils import parsedate_to_datetime
 from html.parser import HTMLParser
 
 import httpx
-from temporalio import activity
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
@@ -783,7 +782,9 @@ def make_fetch_url(
         timeout: Seconds for the whole fetch, redirects included.
         connect_timeout: Seconds to open each connection.
         max_redirects: Redirect hops followed (each is checked like the first URL).
-        heartbeat_timeout: Set it to have the activity heartbeat while a body downloads.
+        heartbeat_timeout: How long a fetch may go without a heartbeat before it is retried
+            elsewhere (the tool heartbeats on its own while it runs; ``None`` is the tools'
+            default, :data:`relaykit.tools.DEFAULT_TOOL_HEARTBEAT_TIMEOUT`).
         retry: Temporal retry policy for transient failures (HTTP 429/5xx, dropped connections).
         task_queue: Run fetches on workers of another task queue (e.g. machines with egress).
         user_agent: The ``User-Agent`` header sent.
@@ -817,8 +818,7 @@ def make_fetch_url(
         Args:
             url: The absolute http:// or https:// URL to read.
         """
-        async with _heartbeating():
-            page = await fetch_page(url, config)
+        page = await fetch_page(url, config)
         return render_page(page, config.max_chars)
 
     built: Tool = tool(
@@ -832,30 +832,6 @@ def make_fetch_url(
     )
     built.extra["fetch_config"] = config
     return built
-
-
-@contextlib.asynccontextmanager
-async def _heartbeating() -> AsyncIterator[None]:
-    """Heartbeat in the background while connecting and waiting for a response (reading a
-    body heartbeats per chunk); only in an activity that has a heartbeat timeout."""
-    heartbeat_timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
-    if not heartbeat_timeout:
-        yield
-        return
-    interval = max(heartbeat_timeout.total_seconds() / 3, 0.1)
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(interval)
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 fetch_url = make_fetch_url()
