@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,12 +23,10 @@ from relaykit.context_policy import ContextPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.mcp import MCPServer
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
-from relaykit.names import tool_name_for
+from relaykit.messages import ToolSpec
+from relaykit.names import is_valid_tool_name, tool_name_for
+from relaykit.tool_args import AgentToolArgs, HandoffArgs, HandoffCallbackInput, InputFilter
 from relaykit.tools import Tool
-
-if TYPE_CHECKING:
-    from relaykit.handoff import Handoff
-    from relaykit.subagents import Subagents
 
 
 class RunContext(BaseModel):
@@ -169,11 +167,110 @@ class AgentTool:
     budget: Budget | None = None
 
     @property
-    def spec(self) -> Any:
-        from relaykit.messages import ToolSpec
-        from relaykit.subagents import AgentToolArgs
-
-        # the schema of the model that validates the call (relaykit.workflows.children)
+    def spec(self) -> ToolSpec:
+        # the schema of the model that validates the call (relaykit.workflows.agent_tools)
         return ToolSpec(
             name=self.name, description=self.description, parameters=AgentToolArgs.parameters()
         )
+
+
+# --- handoffs and subagents: configuration that refers to agents (and agents to it) -----------
+
+
+@dataclass(eq=False)
+class Handoff:
+    """A customised handoff to ``target``."""
+
+    target: Agent
+    name: str | None = None
+    """Tool name; default ``transfer_to_<slug of target name>``."""
+    description: str | None = None
+    """Routing hint for the model; the default names the target and its description."""
+    on_handoff: Callable[[HandoffArgs, HandoffCallbackInput], Any] | None = None
+    """Called (sync or async) as an activity when the handoff executes."""
+    input_filter: InputFilter | None = None
+    """Rewrites the history the target sees (pure function; runs in workflow code)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, Agent):
+            raise ConfigurationError(f"Handoff target must be an Agent, got {self.target!r}")
+        if self.name is None:
+            self.name = tool_name_for("transfer_to_", self.target.name)
+        elif not is_valid_tool_name(self.name):
+            raise ConfigurationError(
+                f"invalid handoff tool name {self.name!r}",
+                hint="1-64 characters of A-Z, a-z, 0-9, _ and -",
+            )
+
+    @property
+    def tool_name(self) -> str:
+        assert self.name is not None
+        return self.name
+
+    @property
+    def spec(self) -> ToolSpec:
+        description = self.description or (
+            f"Hand the conversation over to the {self.target.name} agent, which continues it"
+            + (f": {self.target.description}" if self.target.description else ".")
+        )
+        return ToolSpec(
+            name=self.tool_name,
+            description=description,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "reason": {
+                        "type": "string",
+                        "description": "Why the conversation is handed over (optional).",
+                    }
+                },
+                "additionalProperties": False,
+            },
+        )
+
+
+@dataclass(eq=False)
+class Subagents:
+    """Gives an agent ``spawn_subagent``, ``wait_subagents``, ``cancel_subagent`` and
+    ``send_to_subagent`` tools.
+
+    With no ``agents``, the current agent is cloned without its subagents and handoffs (so a
+    subagent cannot spawn recursively).
+
+    lovia's semantics: a spawn beyond ``max_concurrent`` is refused with the running tasks
+    named; each report reaches the model once (at a turn boundary, or in a ``wait_subagents``
+    result), truncated to ``max_result_chars`` by keeping its beginning and its end; one wait
+    lasts at most :data:`MAX_WAIT_SECONDS`; while tasks run, each request carries their status
+    and elapsed time. Unfinished tasks are cancelled when the run ends, unless ``detached``.
+    """
+
+    agents: tuple[Agent, ...] | list[Agent] = field(default_factory=tuple)
+    max_concurrent: int = 4
+    max_turns: int = 50
+    budget: Budget | None = None
+    max_result_chars: int = 16_000
+    detached: bool = False
+    """Subagents keep running after the parent ends (parent-close policy ABANDON); their reports
+    go to ``deliver_to_workflow`` (a signal) and/or ``deliver_url`` (an HTTP POST)."""
+    deliver_to_workflow: str | None = None
+    deliver_url: str | None = None
+    instructions: str | None = None
+    """Replaces the built-in guidance added to the agent's system prompt
+    (:data:`DEFAULT_INSTRUCTIONS`, or :data:`DETACHED_INSTRUCTIONS` when detached)."""
+    approvals: Literal["reject", "parent"] = "reject"
+    """Background tasks run unattended: a tool needing approval is rejected at once
+    (``"reject"``), unless approvals should surface in the parent run for a person to answer
+    there (``"parent"``; not available to detached tasks, whose parent may be gone)."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent < 1:
+            raise ConfigurationError("Subagents(max_concurrent=...) must be at least 1")
+        if self.detached and self.approvals == "parent":
+            raise ConfigurationError(
+                "detached subagents cannot send approvals to their parent (it may be gone)"
+            )
+        if self.detached and not (self.deliver_to_workflow or self.deliver_url):
+            raise ConfigurationError(
+                "detached subagents need somewhere to deliver their reports",
+                hint="set deliver_to_workflow=... or deliver_url=...",
+            )

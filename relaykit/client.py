@@ -33,7 +33,7 @@ from relaykit.runs import (
 from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_POLL_INTERVAL, StreamCursor, StreamEvent, stream_run
 from relaykit.tracing import has_tracing_interceptor, temporal_interceptor, tracing_enabled
-from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
+from relaykit.runs import AGENT_RUN_WORKFLOW
 
 DEFAULT_TASK_QUEUE = "relaykit"
 

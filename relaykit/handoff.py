@@ -2,7 +2,9 @@
 
 Each entry of ``Agent.handoffs`` becomes a tool (default name ``transfer_to_<slug>``) with one
 optional, model-filled ``reason`` argument. The turn loop owns the switch itself (one place:
-:meth:`relaykit.workflows.loop.TurnLoop._run_handoff`); this module only describes handoffs.
+:mod:`relaykit.workflows.handoffs`); the :class:`Handoff` configuration lives with the agents
+(:mod:`relaykit.agent`), its data in :mod:`relaykit.tool_args`; this module holds the
+behaviour that reads them.
 
 Semantics (lovia's, see the docs):
 - only the first handoff of a turn executes; a second one in the same turn is rejected before its
@@ -19,29 +21,30 @@ or returns something other than messages ends the run with ``HandoffFilterFailed
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from pydantic import ValidationError
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from relaykit.agent import Agent
-from relaykit.errors import ConfigurationError
-from relaykit.messages import Message, ToolSpec
-from relaykit.names import is_valid_tool_name, tool_name_for
+from relaykit.agent import Agent, Handoff
+from relaykit.messages import Message
 from relaykit.model_output import parse_object
+from relaykit.tool_args import (
+    HandoffArgs,
+    HandoffCallbackInput,
+    HandoffInputData,
+    InputFilter,
+    _StrictHandoffArgs,
+)
 
-
-class HandoffArgs(BaseModel):
-    """What the model passes to a handoff tool, and what ``on_handoff`` receives."""
-
-    reason: str | None = None
-
-
-class _StrictHandoffArgs(HandoffArgs):
-    """The handoff tool's schema, enforced: only ``reason``, a string (or null)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
+__all__ = [
+    "Handoff",
+    "HandoffArgs",
+    "HandoffCallbackInput",
+    "HandoffInputData",
+    "InputFilter",
+    "as_handoff",
+    "for_context_rewrite",
+    "parse_handoff_args",
+    "remove_tool_calls",
+]
 
 
 def parse_handoff_args(raw: str) -> tuple[HandoffArgs | None, str | None]:
@@ -62,79 +65,6 @@ def parse_handoff_args(raw: str) -> tuple[HandoffArgs | None, str | None]:
         )
         return None, details
     return HandoffArgs(reason=parsed.reason), None
-
-
-class HandoffCallbackInput(BaseModel):
-    """Input of the ``on_handoff`` activity (persisted: compatibility data)."""
-
-    source: str
-    target: str
-    reason: str | None = None
-    turn: int
-    workflow_id: str
-
-
-class HandoffInputData(BaseModel):
-    """What an ``input_filter`` gets: the history the target would see, and who hands off."""
-
-    source: str
-    target: str
-    history: list[Message]
-
-
-InputFilter = Callable[[HandoffInputData], list[Message]]
-
-
-@dataclass(eq=False)
-class Handoff:
-    """A customised handoff to ``target``."""
-
-    target: Agent
-    name: str | None = None
-    """Tool name; default ``transfer_to_<slug of target name>``."""
-    description: str | None = None
-    """Routing hint for the model; the default names the target and its description."""
-    on_handoff: Callable[[HandoffArgs, HandoffCallbackInput], Any] | None = None
-    """Called (sync or async) as an activity when the handoff executes."""
-    input_filter: InputFilter | None = None
-    """Rewrites the history the target sees (pure function; runs in workflow code)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.target, Agent):
-            raise ConfigurationError(f"Handoff target must be an Agent, got {self.target!r}")
-        if self.name is None:
-            self.name = tool_name_for("transfer_to_", self.target.name)
-        elif not is_valid_tool_name(self.name):
-            raise ConfigurationError(
-                f"invalid handoff tool name {self.name!r}",
-                hint="1-64 characters of A-Z, a-z, 0-9, _ and -",
-            )
-
-    @property
-    def tool_name(self) -> str:
-        assert self.name is not None
-        return self.name
-
-    @property
-    def spec(self) -> ToolSpec:
-        description = self.description or (
-            f"Hand the conversation over to the {self.target.name} agent, which continues it"
-            + (f": {self.target.description}" if self.target.description else ".")
-        )
-        return ToolSpec(
-            name=self.tool_name,
-            description=description,
-            parameters={
-                "type": "object",
-                "properties": {
-                    "reason": {
-                        "type": "string",
-                        "description": "Why the conversation is handed over (optional).",
-                    }
-                },
-                "additionalProperties": False,
-            },
-        )
 
 
 def as_handoff(entry: Agent | Handoff) -> Handoff:

@@ -42,6 +42,12 @@ EventKind = Literal[
 ]
 
 
+AGENT_RUN_WORKFLOW = "AgentRun"
+"""Workflow type of a run (compatibility data: runs in flight depend on it)."""
+MODEL_ACTIVITY = "relaykit.model_call"
+"""Activity type of every model call (compatibility data)."""
+
+
 class RunEvent(BaseModel):
     """One fact about a run, in order (modelled on Eino's AgentEvent).
 

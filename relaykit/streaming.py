@@ -52,7 +52,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.errors import RelaykitError
 from relaykit.runs import RunEvent, RunSnapshot
-from relaykit.workflows.loop import MODEL_ACTIVITY
+from relaykit.runs import MODEL_ACTIVITY
 
 DELTA = "delta"
 """``StreamEvent.kind`` of a piece of model text (every other kind is a :class:`RunEvent` kind)."""

@@ -104,7 +104,7 @@ class _GenAIActivityInbound(ActivityInboundInterceptor):
         from opentelemetry import trace
         from temporalio import activity
 
-        from relaykit.workflows.loop import MODEL_ACTIVITY
+        from relaykit.runs import MODEL_ACTIVITY
 
         span = trace.get_current_span()
         if not span.is_recording():

@@ -31,7 +31,7 @@ from relaykit.client import RunHandle
 from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
-from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
+from relaykit.runs import AGENT_RUN_WORKFLOW
 
 MAX_LOG_LINES = 8
 MAX_TOOL_ROWS = 12

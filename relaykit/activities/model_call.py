@@ -21,7 +21,7 @@ from relaykit.models.spec import ModelRequest
 from relaykit.streaming import DeltaPublisher
 from relaykit.storage import scope_for
 from relaykit.transcripts import TRANSCRIPT_MISSING, TranscriptNotFound, TranscriptStore
-from relaykit.workflows.loop import MODEL_ACTIVITY
+from relaykit.runs import MODEL_ACTIVITY
 
 
 class ModelActivities:

@@ -30,13 +30,11 @@ from relaykit.runs import (
     TaskStatus,
 )
 from relaykit.search_attributes import RELAY_AGENT, RELAY_STATUS, RELAY_TOKENS
-from relaykit.workflows.children import (
-    CHILD_APPROVAL_DONE_SIGNAL,
-    CHILD_APPROVAL_SIGNAL,
-    REPORT_SIGNAL,
-    send_report,
-)
-from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, TurnLoop
+from relaykit.runs import AGENT_RUN_WORKFLOW
+from relaykit.workflows.agent_tools import cancel_parent
+from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
+from relaykit.workflows.loop import TurnLoop
+from relaykit.workflows.subagent_tasks import REPORT_SIGNAL, send_report
 
 
 NO_INPUT = RawValue(Payload())
@@ -69,7 +67,7 @@ class AgentRun:
                 return await self._loop.run()
             except BaseException as exc:
                 if is_cancelled_exception(exc):  # an agent-tool child cancels its parent too
-                    await self._loop.children.cancel_parent()
+                    await cancel_parent(self._input)
                 raise
         # A background subagent: whatever happens, its parent (or delivery target) hears of it.
         try:
@@ -174,15 +172,15 @@ class AgentRun:
 
     @workflow.signal(name=REPORT_SIGNAL)
     def subagent_report(self, report: ChildReport) -> None:
-        self._loop.children.on_report(report)
+        self._loop.tasks.on_report(report)
 
     @workflow.signal(name=CHILD_APPROVAL_SIGNAL)
     def child_approval(self, pending: PendingApproval) -> None:
-        self._loop.children.on_child_approval(pending)
+        self._loop.approvals.on_child_approval(pending)
 
     @workflow.signal(name=CHILD_APPROVAL_DONE_SIGNAL)
     def child_approval_done(self, call_id: str) -> None:
-        self._loop.children.on_child_approval_done(call_id)
+        self._loop.approvals.on_child_approval_done(call_id)
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The workflow side of MCP servers: list each server's tools once per workflow run, show them to
-the model under normalised names, and run each call as an activity (after an approval when the
-server's rule asks for one).
+the model under normalised names, and run each call as an activity (:class:`MCPTool`, one kind of
+tool of the tool path, which asks a person first when the server's rule says so).
 
 Everything here is deterministic: names and collisions are resolved from the recorded listing,
 in the order the agent lists its servers and the server lists its tools.
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from relaykit import errors
+from relaykit.agent import Agent
 from relaykit.handoff import as_handoff
 from relaykit.mcp import (
     MCPCallRequest,
@@ -25,19 +26,18 @@ from relaykit.mcp import (
     MCPToolEntry,
     disambiguate,
 )
-from relaykit.messages import Message, ToolCall, ToolSpec
+from relaykit.messages import ToolCall, ToolSpec
+from relaykit.tool_args import SUBAGENT_TOOLS
 from relaykit.tools import ToolOutcome, summarize_call
-
-if TYPE_CHECKING:
-    from relaykit.agent import Agent
-    from relaykit.workflows.loop import TurnLoop
+from relaykit.workflows.run_state import Run
+from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
 
 
 class MCPTools:
     """MCP tools of the agents of one workflow run (listings live as long as the run)."""
 
-    def __init__(self, loop: TurnLoop) -> None:
-        self.loop = loop
+    def __init__(self, loop: Any = None) -> None:
+        # ``loop`` is accepted (and unused) for callers of the earlier signature.
         self._listings: dict[str, MCPListing] = {}
         self._entries: dict[str, dict[str, MCPToolEntry]] = {}
 
@@ -45,19 +45,19 @@ class MCPTools:
     def servers(agent: Agent) -> list[MCPServer]:
         return list(getattr(agent, "mcp_servers", None) or [])
 
-    async def prepare(self, agent: Agent) -> None:
+    async def prepare(self, run: Run, agent: Agent) -> bool:
         """List the tools of the agent's servers not listed yet in this workflow run (before the
-        model call that must show them)."""
+        model call that must show them); ``True`` when the agent's tools changed."""
         missing = [s for s in self.servers(agent) if s.name not in self._listings]
         if not missing:
-            return
-        listings = await asyncio.gather(*(self._list(agent, server) for server in missing))
+            return False
+        listings = await asyncio.gather(*(self._list(run, agent, server) for server in missing))
         for listing in listings:
             self._listings[listing.server] = listing
         self._entries.pop(agent.name, None)
-        self.loop._tool_specs.pop(agent.name, None)
+        return True
 
-    async def _list(self, agent: Agent, server: MCPServer) -> MCPListing:
+    async def _list(self, run: Run, agent: Agent, server: MCPServer) -> MCPListing:
         try:
             return await workflow.execute_activity(
                 server.list_activity,
@@ -72,12 +72,11 @@ class MCPTools:
             if is_cancelled_exception(exc):
                 raise
             detail = getattr(exc.cause, "message", None) or str(exc)
-            self.loop._fail(
+            run.fail(
                 f"MCP server {server.name!r} (used by agent {agent.name!r}) could not list its "
                 f"tools: {detail}",
                 errors.MCP_SERVER_UNAVAILABLE,
             )
-            raise  # unreachable: _fail raises
 
     def entries(self, agent: Agent) -> dict[str, MCPToolEntry]:
         """The agent's MCP tools by the name the model sees."""
@@ -87,8 +86,6 @@ class MCPTools:
         taken = {entry.name for entry in agent.tools}
         taken.update(as_handoff(h).tool_name for h in agent.handoffs)
         if agent.subagents is not None:
-            from relaykit.workflows.children import SUBAGENT_TOOLS
-
             taken.update(SUBAGENT_TOOLS)
         entries: dict[str, MCPToolEntry] = {}
         for server in self.servers(agent):
@@ -103,42 +100,58 @@ class MCPTools:
         self._entries[agent.name] = entries
         return entries
 
-    def tool_specs(self, agent: Agent) -> list[ToolSpec]:
-        return [
-            ToolSpec(name=name, description=entry.info.description, parameters=entry.info.input_schema)
-            for name, entry in self.entries(agent).items()
-        ]
-
-    def lookup(self, agent: Agent, name: str) -> MCPToolEntry | None:
+    def kinds(self, run: Run, agent: Agent) -> list[MCPTool]:
         if not self.servers(agent):
-            return None
-        return self.entries(agent).get(name)
+            return []
+        return [MCPTool(run, agent.name, entry) for entry in self.entries(agent).values()]
 
-    async def run_call(self, agent: Agent, entry: MCPToolEntry, call: ToolCall) -> Message:
-        loop = self.loop
+
+class MCPTool(ToolKind):
+    """One listed tool of an MCP server, called as the activity ``mcp:<server>/<tool>``."""
+
+    def __init__(self, run: Run, agent: str, entry: MCPToolEntry) -> None:
+        self.run = run
+        self.agent = agent
+        self.entry = entry
+        self.name = entry.name
+        self.approval_timeout = entry.approval_timeout
+
+    def spec(self) -> ToolSpec:
+        info = self.entry.info
+        return ToolSpec(name=self.name, description=info.description, parameters=info.input_schema)
+
+    def approval_hint(self, call: ToolCall) -> bool:
+        try:
+            arguments = json.loads(call.arguments or "{}")
+            return isinstance(arguments, dict) and bool(
+                self.entry.server.requires_approval(self.entry.info.name, arguments)
+            )
+        except Exception:  # noqa: BLE001 - the call itself turns this into an error result
+            return False
+
+    def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         try:
             arguments = json.loads(call.arguments or "{}")
         except ValueError as exc:
-            return loop.tool_message(
-                call, f"Invalid JSON arguments for tool {call.name!r}: {exc}. Fix them and call it again.",
+            return ToolResult(
+                f"Invalid JSON arguments for tool {call.name!r}: {exc}. Fix them and call it again.",
                 is_error=True,
             )
         if not isinstance(arguments, dict):
-            return loop.tool_message(
-                call, f"Arguments for tool {call.name!r} must be a JSON object.", is_error=True
-            )
+            return ToolResult(f"Arguments for tool {call.name!r} must be a JSON object.", is_error=True)
+        needed = self.entry.server.requires_approval(self.entry.info.name, arguments)
+        return Prepared(call, arguments, needs_approval=bool(needed))
+
+    async def execute(self, prepared: Prepared) -> ToolResult:
+        entry, call = self.entry, prepared.call
         server = entry.server
-        if server.requires_approval(entry.info.name, arguments):
-            refusal = await loop.approve_or_refuse(agent, entry, call)
-            if refusal is not None:
-                return refusal
         request = MCPCallRequest(
             server=server.name,
             tool=entry.info.name,
             call_id=call.id,
             arguments=call.arguments,
-            agent=agent.name,
-            run_path=loop.state.run_path,
+            agent=self.agent,
+            run_path=self.run.state.run_path,
         )
         try:
             outcome = await workflow.execute_activity(
@@ -156,13 +169,12 @@ class MCPTools:
             if is_cancelled_exception(exc):
                 raise
             detail = getattr(exc.cause, "message", None) or str(exc)
-            return loop.tool_message(
-                call,
+            return ToolResult(
                 f"Tool {call.name!r} (MCP server {server.name!r}) failed and was not retried "
                 f"further: {detail}",
                 is_error=True,
             )
-        return loop.tool_message(call, outcome.content, is_error=outcome.is_error)
+        return ToolResult(outcome.content, is_error=outcome.is_error)
 
 
-__all__ = ["MCPTools"]
+__all__ = ["MCPTool", "MCPTools"]

@@ -1,0 +1,85 @@
+"""Function tools (``@relaykit.tool``): each call is one activity named after the tool.
+
+The worker registers the activity (:mod:`relaykit.activities.tool_activities`), which validates
+again, runs the function, and caps its output; here the arguments are checked before anything
+is scheduled, and the tool's ``needs_approval`` rule decides whether a person answers first.
+
+Workflow code: deterministic, no I/O.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, is_cancelled_exception
+
+from relaykit.messages import ToolCall, ToolSpec
+from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
+from relaykit.workflows.run_state import Run
+from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
+
+
+class FunctionTool(ToolKind):
+    def __init__(self, run: Run, agent: str, entry: Tool) -> None:
+        self.run = run
+        self.agent = agent
+        self.entry = entry
+        self.name = entry.name
+        self.approval_timeout = entry.approval_timeout
+
+    def spec(self) -> ToolSpec:
+        return self.entry.spec
+
+    def approval_hint(self, call: ToolCall) -> bool:
+        entry = self.entry
+        if not entry.needs_approval:
+            return False
+        try:
+            return entry.requires_approval(entry.parse_arguments(call.arguments).model_dump())
+        except Exception:  # noqa: BLE001 - the call itself turns this into an error result
+            return False
+
+    def prepare(self, call: ToolCall) -> Prepared | ToolResult:
+        entry = self.entry
+        try:
+            arguments = entry.parse_arguments(call.arguments)
+        except ValueError as exc:
+            return ToolResult(str(exc), is_error=True)
+        except Exception as exc:  # noqa: BLE001 - whatever the model wrote: a result, not a stuck task
+            return ToolResult(f"Invalid arguments for tool {entry.name!r}: {exc}", is_error=True)
+        try:
+            needed = entry.requires_approval(arguments.model_dump())
+        except Exception as exc:  # noqa: BLE001 - a raising predicate must not wedge the run
+            return ToolResult(
+                f"The call was not run: deciding whether it needs approval failed "
+                f"({type(exc).__name__}: {exc}).",
+                is_error=True,
+            )
+        return Prepared(call, arguments, needs_approval=bool(needed))
+
+    async def execute(self, prepared: Prepared) -> ToolResult:
+        entry, call = self.entry, prepared.call
+        invocation = ToolInvocation(
+            call_id=call.id,
+            arguments=call.arguments,
+            agent=self.agent,
+            run_path=self.run.state.run_path,
+        )  # the workflow id is in the activity's own info: not repeated in every input
+        try:
+            outcome = await workflow.execute_activity(
+                entry.name,
+                invocation,
+                result_type=ToolOutcome,
+                start_to_close_timeout=entry.timeout,
+                heartbeat_timeout=entry.heartbeat_timeout or None,  # timedelta(0): off
+                retry_policy=entry.retry,
+                task_queue=entry.task_queue,
+                summary=summarize_call(entry.name, call.arguments),
+            )
+        except ActivityError as exc:
+            if is_cancelled_exception(exc):
+                raise
+            detail = getattr(exc.cause, "message", None) or str(exc)
+            return ToolResult(
+                f"Tool {entry.name!r} failed and was not retried further: {detail}", is_error=True
+            )
+        return ToolResult(outcome.content, is_error=outcome.is_error)

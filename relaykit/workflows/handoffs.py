@@ -1,0 +1,117 @@
+"""Handoffs as a kind of tool: the call's arguments, its ``on_handoff`` activity, its outcome.
+
+A handoff goes through the tool path like every other tool (events, argument check, loop
+guard, transcript message); it is a *barrier*: it runs after the turn's other calls, and only
+the first valid handoff of a turn runs (the tool path rejects a second one). Its outcome names
+the switch; the turn loop switches agents at the end of the turn (one place:
+``TurnLoop._switch_agent``), running the handoff's ``input_filter`` through
+:func:`filtered_history`.
+
+Workflow code: deterministic, no I/O (``on_handoff`` is an activity).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+from relaykit import errors
+from relaykit.agent import Handoff
+from relaykit.handoff import HandoffArgs, HandoffCallbackInput, HandoffInputData, parse_handoff_args
+from relaykit.messages import Message, ToolCall, ToolSpec
+from relaykit.workflows.run_state import Run, head
+from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
+
+HANDOFF_CALLBACK_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_attempts=3,
+)
+"""``on_handoff`` is on the conversation's critical path: a few quick retries for a blip, then the
+handoff fails with an error result (Temporal's default policy would retry a broken callback
+forever and stall the run)."""
+
+
+class HandoffTool(ToolKind):
+    barrier = True
+
+    def __init__(self, run: Run, agent: str, handoff: Handoff) -> None:
+        self.run = run
+        self.agent = agent
+        self.handoff = handoff
+        self.name = handoff.tool_name
+
+    def spec(self) -> ToolSpec:
+        return self.handoff.spec
+
+    def prepare(self, call: ToolCall) -> Prepared | ToolResult:
+        """The handoff's arguments, or the error result for invalid ones (a handoff the model
+        got wrong does not switch agents: the model reads why and may call it again)."""
+        args, problem = parse_handoff_args(call.arguments)
+        if args is not None:
+            return Prepared(call, args)
+        if not workflow.patched(PATCH_BAD_ARGUMENTS):  # recorded when any handoff switched
+            return Prepared(call, HandoffArgs())
+        return ToolResult(
+            f"The handoff did not happen: invalid arguments for {call.name!r}: {problem}. "
+            "Call it again with {} or {\"reason\": \"<text>\"}.",
+            is_error=True,
+        )
+
+    async def execute(self, prepared: Prepared) -> ToolResult:
+        """Run the handoff's ``on_handoff``; the switch itself waits for the end of the turn."""
+        handoff, args = self.handoff, prepared.arguments
+        if handoff.on_handoff is not None:
+            try:
+                await workflow.execute_activity(
+                    handoff.tool_name,
+                    HandoffCallbackInput(
+                        source=self.agent,
+                        target=handoff.target.name,
+                        reason=args.reason,
+                        turn=self.run.state.turn,
+                        workflow_id=workflow.info().workflow_id,
+                    ),
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=HANDOFF_CALLBACK_RETRY,
+                    summary=f"{self.agent} → {handoff.target.name}",
+                )
+            except ActivityError as exc:
+                if is_cancelled_exception(exc):
+                    raise
+                detail = getattr(exc.cause, "message", None) or str(exc)
+                return ToolResult(
+                    f"The handoff did not happen: on_handoff failed: {detail}", is_error=True
+                )
+        return ToolResult(
+            json.dumps({"assistant": handoff.target.name}), switch=(handoff, args.reason)
+        )
+
+
+def filtered_history(handoff: Handoff, source: str, history: list[Message]) -> list[Message]:
+    """Run a handoff's ``input_filter``. It is user code in the workflow: one that raises (the
+    sandbox's refusals included) or returns something other than messages would do the same on
+    every retry, so the run ends with ``HandoffFilterFailed`` rather than failing its workflow
+    task forever."""
+    target = handoff.target.name
+    assert handoff.input_filter is not None
+    try:
+        filtered = list(
+            handoff.input_filter(HandoffInputData(source=source, target=target, history=history))
+        )
+    except Exception as exc:  # noqa: BLE001 - any bug in the filter ends the run the same way
+        problem = f"raised {type(exc).__name__}: {head(str(exc))}"
+    else:
+        wrong = next((item for item in filtered if not isinstance(item, Message)), None)
+        if wrong is None:
+            return filtered
+        problem = f"returned a {type(wrong).__name__} among its messages"
+    raise ApplicationError(
+        f"the input_filter of handoff {source} → {target} {problem}",
+        type=errors.HANDOFF_FILTER_FAILED,
+        non_retryable=True,
+    )

@@ -1,0 +1,116 @@
+"""The model call of a turn: the request the current agent sends, and the activity that sends it.
+
+The request is built from the run state (it writes nothing): the system prompt (the agent's
+instructions, the subagent guidance, the run's extra instructions), the transcript as the
+transcript seam sends it (:mod:`relaykit.workflows.context`), the tools of the tool path, the
+output schema and the settings (tools are withheld on the last allowed turn and when the loop
+guard says the model must answer). The turn loop counts the response's usage and records what
+the model workers stored.
+
+Workflow code: deterministic, no I/O (the model call is the ``relaykit.model_call`` activity).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+from relaykit import errors
+from relaykit.agent import Agent, RunContext
+from relaykit.messages import ModelResponse
+from relaykit.models.spec import ModelRequest, ModelSettings
+from relaykit.output import OutputType
+from relaykit.runs import MODEL_ACTIVITY
+from relaykit.transcripts import TRANSCRIPT_MISSING
+from relaykit.workflows.loop_guard import withhold_tools
+from relaykit.workflows.run_state import Run
+from relaykit.workflows.subagent_tasks import SubagentTasks
+from relaykit.workflows.tool_path import ToolPath
+
+MODEL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=8,
+)
+
+
+def system_prompt(run: Run, tasks: SubagentTasks, agent: Agent) -> str:
+    ctx = RunContext(
+        agent=agent.name,
+        turn=run.state.turn,
+        workflow_id=workflow.info().workflow_id,
+        run_path=run.state.run_path,
+        context=run.input.context,
+    )
+    parts = [agent.render_instructions(ctx), tasks.instructions(agent) or ""]
+    if run.input.extra_instructions:
+        parts.append(run.input.extra_instructions)
+    return "\n\n".join(part for part in parts if part)
+
+
+def settings_for(run: Run, agent: Agent) -> ModelSettings:
+    settings = agent.model_settings or ModelSettings()
+    if run.input.answer_on_last_turn and run.state.turn >= run.input.max_turns:
+        return settings.model_copy(update={"tool_choice": "none"})
+    if withhold_tools(run.state, agent):  # stuck or out of tool turns (loop guard)
+        return settings.model_copy(update={"tool_choice": "none"})
+    if settings.first_turn_tool_choice and run.state.turn == 1:
+        return settings.model_copy(update={"tool_choice": settings.first_turn_tool_choice})
+    return settings
+
+
+def build_request(
+    run: Run, tools: ToolPath, tasks: SubagentTasks, agent: Agent, output: OutputType | None
+) -> ModelRequest:
+    try:
+        payload = run.transport.payload(run.state)
+    except LookupError:
+        run.fail(
+            "the start of the transcript is only in the transcript store, which the model "
+            "worker could not read",
+            TRANSCRIPT_MISSING,
+        )
+    request = ModelRequest(
+        model=run.graph.model_for(agent),
+        system=system_prompt(run, tasks, agent),
+        messages=payload.messages,
+        base_ref=payload.base_ref,
+        base_count=payload.base_count,
+        store_transcript=payload.store,
+        tools=tools.tool_specs(agent),
+        output=output.spec if output else None,
+        settings=settings_for(run, agent),
+        reminder=tasks.reminder(),
+    )
+    return run.transport.shrink(run.state, request)
+
+
+async def execute_model_call(run: Run, request: ModelRequest, agent: Agent) -> ModelResponse:
+    spec = request.model
+    try:
+        return await workflow.execute_activity(
+            MODEL_ACTIVITY,
+            request,
+            result_type=ModelResponse,
+            start_to_close_timeout=timedelta(seconds=spec.timeout_seconds + 30),
+            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
+            retry_policy=MODEL_RETRY,
+            summary=f"{agent.name} · turn {run.state.turn} · {spec.label}",
+        )
+    except ActivityError as exc:
+        if is_cancelled_exception(exc):
+            raise  # the run is being cancelled: end as cancelled, not failed
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING:
+            if request.base_ref is not None or request.static_ref is not None:
+                raise
+        kind = cause.type if isinstance(cause, ApplicationError) else None
+        detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
+        run.fail(
+            f"model call failed for agent {agent.name!r} at turn {run.state.turn}: {detail}",
+            kind or errors.MODEL_CALL_FAILED,
+        )

@@ -1,0 +1,207 @@
+"""The one owner of a run's state.
+
+A run's state is data: :class:`relaykit.runs.RunState`, a pydantic model below everything, which
+a continue-as-new carries to the next workflow run and queries read. :class:`Run` holds it for
+one workflow run, together with what lives only as long as that workflow run (the background
+signal tasks), and it is the only place with the primitives that change what people see of it:
+the event log (:meth:`Run.emit`), the status, usage and the budget, and the typed failure that
+ends the run (:meth:`Run.fail`).
+
+Direction of data: :mod:`relaykit.workflows.loop` drives the run and is the only module that
+decides (turn, switch, finish); the tool path, approvals, handoffs, child runs, MCP and long runs
+receive the :class:`Run` they work on and return an outcome. None of them imports the loop, and
+this module imports no other module of :mod:`relaykit.workflows` but the transcript seam.
+
+Workflow code: deterministic, no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+from relaykit import errors
+from relaykit.agent import Agent, Budget
+from relaykit.graph import AgentGraph
+from relaykit.messages import Message, ToolCall, Usage
+from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunState
+from relaykit.workflows.context import ContextTransport
+
+MAX_EVENTS_KEPT = 2_000
+EVENTS_KEPT_ACROSS_RUNS = 200
+
+
+class Run:
+    """One agent run's state and the writes everyone shares (build it with the run's input)."""
+
+    def __init__(self, graph: AgentGraph, run_input: RunInput) -> None:
+        self.graph = graph
+        self.input = run_input
+        self.transport = ContextTransport(run_input.transcript_transport)
+        if run_input.state is not None:
+            self.state = run_input.state
+        else:
+            self.state = RunState(
+                agent=run_input.agent,
+                run_path=[*run_input.run_path, run_input.agent],
+            )
+        self.on_change: Callable[[], None] | None = None
+        """Called after state a person can see changed (the workflow updates its UI details)."""
+        self.workflow_type = AGENT_RUN_WORKFLOW
+        self._background: list[asyncio.Task[Any]] = []
+
+    @property
+    def current_agent(self) -> Agent:
+        return self.graph.agent(self.state.agent)
+
+    def setup_flag(self, name: str) -> bool:
+        """A recorded choice of :class:`relaykit.runs.RunSetup` (the worker's configuration
+        before it is recorded)."""
+        source: Any = self.state.setup if self.state.setup is not None else self.graph
+        return bool(getattr(source, name))
+
+    # --- events and status ----------------------------------------------------------------------
+
+    def emit(
+        self,
+        kind: EventKind,
+        data: dict[str, Any],
+        *,
+        agent: str | None = None,
+        run_path: list[str] | None = None,
+    ) -> None:
+        events = self.state.events
+        events.append(
+            RunEvent(
+                seq=self.state.event_offset + len(events),
+                kind=kind,
+                agent=agent or self.state.agent,
+                turn=self.state.turn,
+                run_path=list(self.state.run_path if run_path is None else run_path),
+                data=data,
+                at=workflow.now(),
+            )
+        )
+        if len(events) > MAX_EVENTS_KEPT:
+            drop = len(events) - MAX_EVENTS_KEPT
+            del events[:drop]
+            self.state.event_offset += drop
+        self._changed()
+
+    def events_from(self, offset: int) -> list[RunEvent]:
+        start = max(offset - self.state.event_offset, 0)
+        return self.state.events[start:]
+
+    def set_status(self, status: Any) -> None:
+        self.state.status = status
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def tool_message(self, call: ToolCall, content: str, *, is_error: bool = False) -> Message:
+        """A tool result in the transcript, attributed to the agent whose turn it is."""
+        return Message.tool_result(call, content, is_error=is_error).model_copy(
+            update={"agent": self.state.agent}
+        )
+
+    # --- usage, budget, failure -----------------------------------------------------------------
+
+    def add_usage(self, usage: Usage, *, check: bool = True) -> None:
+        """Count usage (also a child's) towards this run; the budget covers the whole tree."""
+        self.state.usage = self.state.usage + usage
+        if check:
+            self.check_budget()
+
+    def check_budget(self) -> None:
+        budget = self.input.budget
+        if budget is None:
+            return
+        usage = self.state.usage
+        if budget.max_total_tokens is not None and usage.total_tokens > budget.max_total_tokens:
+            self.fail(
+                f"token budget exceeded: {usage.total_tokens} > {budget.max_total_tokens}",
+                errors.BUDGET_EXCEEDED,
+            )
+        if budget.max_requests is not None and usage.requests > budget.max_requests:
+            self.fail(
+                f"request budget exceeded: {usage.requests} > {budget.max_requests}",
+                errors.BUDGET_EXCEEDED,
+            )
+
+    def remaining_budget(self, child: Budget | None) -> Budget | None:
+        """A child's budget: its own per-call limit, tightened by what this run has left."""
+        mine = self.input.budget
+        if mine is None:
+            return child
+        used = self.state.usage
+        left_tokens = (
+            None if mine.max_total_tokens is None else max(mine.max_total_tokens - used.total_tokens, 0)
+        )
+        left_requests = (
+            None if mine.max_requests is None else max(mine.max_requests - used.requests, 0)
+        )
+
+        def tighter(a: int | None, b: int | None) -> int | None:
+            return b if a is None else a if b is None else min(a, b)
+
+        return Budget(
+            max_total_tokens=tighter(child.max_total_tokens if child else None, left_tokens),
+            max_requests=tighter(child.max_requests if child else None, left_requests),
+        )
+
+    def fail(self, message: str, kind: str) -> NoReturn:
+        """End the run with a typed, non-retryable error that carries the usage so far."""
+        self.emit("error", {"kind": kind, "message": message})
+        self.set_status("failed")
+        raise ApplicationError(
+            message, self.state.usage.model_dump(), type=kind, non_retryable=True
+        )
+
+    @staticmethod
+    def usage_from_failure(cause: BaseException | None) -> Usage:
+        """Child runs put their usage in the details of their failure (see :meth:`fail`)."""
+        if isinstance(cause, ApplicationError) and cause.details:
+            try:
+                return Usage.model_validate(cause.details[0])
+            except ValueError:
+                pass
+        return Usage()
+
+    def child_search_attributes(self) -> Any:
+        if not self.setup_flag("search_attributes"):
+            return None
+        from temporalio.common import TypedSearchAttributes
+
+        from relaykit.search_attributes import RELAY_PARENT_RUN
+
+        return TypedSearchAttributes([RELAY_PARENT_RUN.value_set(workflow.info().workflow_id)])
+
+    # --- background signals ---------------------------------------------------------------------
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background (signals sent from handlers); awaited before the end."""
+        self._background.append(asyncio.ensure_future(coro))
+
+    async def drain_background(self, *, clear: bool = False) -> None:
+        if self._background:
+            await asyncio.gather(*self._background)
+            if clear:
+                self._background.clear()
+
+
+def head(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def signal_workflow(workflow_id: str, signal: str, payload: Any) -> None:
+    """Signal another run; one that has ended has nothing to deliver to, which is not an error."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(signal, payload)
+    except Exception as exc:  # noqa: BLE001 - the target may have ended; nothing to deliver to
+        workflow.logger.info("signal %s to %s failed: %s", signal, workflow_id, exc)

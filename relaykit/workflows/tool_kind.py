@@ -1,0 +1,88 @@
+"""The interface every kind of tool implements, and the outcomes it returns.
+
+A kind of tool (function tools, MCP tools, agents as tools, the subagent tools, handoffs) is
+one module with one class per kind that answers four questions for the tool path
+(:mod:`relaykit.workflows.tool_path`):
+
+- :meth:`ToolKind.spec`: what the model is shown (``None``: answered, but not shown);
+- :meth:`ToolKind.prepare`: are the arguments valid, and does the call wait for a person? It
+  is synchronous and may not touch the world; it returns :class:`Prepared` or the
+  :class:`ToolResult` the model reads instead;
+- :meth:`ToolKind.execute`: run the prepared call (an activity, a child workflow, a signal, a
+  wait) and return its :class:`ToolResult`;
+- :meth:`ToolKind.approval_hint`: before the turn's calls start, whether a call will wait for
+  a person (it orders later calls behind it; never raises).
+
+Everything that applies to every call is the tool path's, never a kind's: the ``tool_call`` and
+``tool_result`` events, the argument check (a JSON object), the unknown-tool answer, the loop
+guard, the approval wait and its order, the transcript message, and counting the usage a
+:class:`ToolResult` carries towards the budget. A kind never writes a transcript message and
+never waits for a person.
+
+Workflow code: deterministic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from relaykit.agent import Handoff
+from relaykit.messages import ToolCall, ToolSpec, Usage
+
+PATCH_BAD_ARGUMENTS = "relaykit.reject-bad-arguments"
+"""Patch id (docs/replay.md): arguments that are not a JSON object, and invalid handoff
+arguments, get an error result and run nothing (before: read leniently)."""
+
+
+@dataclass
+class ToolResult:
+    """What a call returned, as the model will read it."""
+
+    content: str
+    is_error: bool = False
+    usage: Usage | None = None
+    """Usage spent on the call's behalf (a child run's): counted towards this run's budget by
+    the tool path before the result reaches the transcript. ``None``: nothing to count."""
+    switch: tuple[Handoff, str | None] | None = None
+    """A handoff that happened: the agent the conversation moves to (and why) at the end of
+    the turn; the turn loop switches."""
+
+
+@dataclass
+class Prepared:
+    """A call whose arguments were accepted: what :meth:`ToolKind.execute` runs."""
+
+    call: ToolCall
+    arguments: Any = None
+    """The arguments as the kind parsed them (a pydantic model, a dict, …)."""
+    needs_approval: bool = False
+    """The call waits for a person's decision before it runs."""
+
+
+class ToolKind:
+    """One tool the model may call, as the tool path sees it (see the module docstring)."""
+
+    name: str
+    """The name the model calls (compatibility data: recorded in history)."""
+    barrier: bool = False
+    """Runs after the turn's other calls, and only the first of a turn runs (handoffs)."""
+    approval_timeout: timedelta | None = None
+    """How long a person may take to decide (``None``: no limit)."""
+
+    def spec(self) -> ToolSpec | None:
+        raise NotImplementedError
+
+    def call_event(self, call: ToolCall) -> dict[str, Any]:
+        """Extra data of the call's ``tool_call`` event (e.g. the child run it starts)."""
+        return {}
+
+    def approval_hint(self, call: ToolCall) -> bool:
+        return False
+
+    def prepare(self, call: ToolCall) -> Prepared | ToolResult:
+        raise NotImplementedError
+
+    async def execute(self, prepared: Prepared) -> ToolResult:
+        raise NotImplementedError

@@ -1,0 +1,272 @@
+"""The one tool path: every call of every kind of tool, preflight then execute.
+
+lovia's ``tool_calls.py``: what applies to every call happens here, once, for every kind
+(:class:`relaykit.workflows.tool_kind.ToolKind`: function tools, MCP tools, agents as tools,
+the subagent tools, handoffs):
+
+1. **what the model wrote** (:meth:`ToolPath.check`): call ids made unique, arguments that are
+   not a JSON object recorded as such (:mod:`relaykit.model_output`);
+2. **preflight**, in call order, before any call starts: the ``tool_call`` event, the
+   argument check, the approval order of the turn (:meth:`Approvals.gates`); a *barrier* kind
+   (a handoff) is checked here (loop guard, arguments) and the first valid one is kept for
+   the end, a second one rejected unrun;
+3. **execute**, the other calls concurrently (activities, child workflows), each after the
+   approval decision it waits for: unknown tool, loop guard
+   (:mod:`relaykit.workflows.loop_guard`), the kind's own argument check
+   (:meth:`ToolKind.prepare`), a person's decision when the kind says one is needed, then the
+   kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget;
+4. the barrier runs, then the results enter the transcript in call order, each with its
+   ``tool_result`` event. The handoff's switch is returned to the turn loop, which makes it.
+
+A new kind of tool is one module implementing :class:`ToolKind`, listed in :meth:`_build`.
+
+Workflow code: deterministic, no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+
+from relaykit.agent import Agent, AgentTool, Handoff
+from relaykit.handoff import as_handoff
+from relaykit.messages import Message, ToolCall, ToolSpec
+from relaykit.model_output import check_calls, check_ids_needed, parse_object
+from relaykit.tool_args import SUBAGENT_TOOLS
+from relaykit.tools import Tool
+from relaykit.workflows.agent_tools import AgentToolKind, ChildIds
+from relaykit.workflows.approvals import Approvals
+from relaykit.workflows.function_tools import FunctionTool
+from relaykit.workflows.handoffs import HandoffTool
+from relaykit.workflows.loop_guard import check_repeat
+from relaykit.workflows.mcp_tools import MCPTools
+from relaykit.workflows.run_state import Run, head
+from relaykit.workflows.subagent_tasks import SubagentTasks
+from relaykit.workflows.subagent_tools import SubagentTool
+from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
+
+PATCH_CALL_IDS = "relaykit.unique-call-ids"
+
+
+@dataclass
+class AgentTools:
+    """What one agent may call: by name, and the specs the model is shown (in their order)."""
+
+    kinds: dict[str, ToolKind] = field(default_factory=dict)
+    specs: list[ToolSpec] = field(default_factory=list)
+
+
+class ToolPath:
+    """The tool calls of one run (see the module docstring)."""
+
+    def __init__(self, run: Run, approvals: Approvals, tasks: SubagentTasks) -> None:
+        self.run = run
+        self.approvals = approvals
+        self.tasks = tasks
+        self.mcp = MCPTools()
+        self.child_ids = ChildIds(run)
+        self._tools: dict[str, AgentTools] = {}
+        self._argument_problems: dict[str, str | None] = {}
+
+    # --- what an agent may call -----------------------------------------------------------------
+
+    async def prepare(self, agent: Agent) -> None:
+        """Before a model call: list the agent's MCP tools (an activity, once per workflow run)."""
+        if await self.mcp.prepare(self.run, agent):
+            self._tools.pop(agent.name, None)
+
+    def tools(self, agent: Agent) -> AgentTools:
+        """Built once per agent (and again after new MCP listings): it depends only on code."""
+        known = self._tools.get(agent.name)
+        if known is None:
+            known = self._tools[agent.name] = self._build(agent)
+        return known
+
+    def tool_specs(self, agent: Agent) -> list[ToolSpec]:
+        return self.tools(agent).specs
+
+    def _build(self, agent: Agent) -> AgentTools:
+        run = self.run
+        kinds: list[ToolKind] = []
+        for entry in agent.tools:
+            if isinstance(entry, AgentTool):
+                kinds.append(AgentToolKind(run, entry, self.child_ids))
+            elif isinstance(entry, Tool):
+                kinds.append(FunctionTool(run, agent.name, entry))
+        handoffs: list[ToolKind] = [HandoffTool(run, agent.name, as_handoff(h)) for h in agent.handoffs]
+        subagents: list[ToolKind] = []
+        if agent.subagents is not None:
+            shown = {spec.name: spec for spec in self.tasks.tool_specs(agent)}
+            subagents = [
+                SubagentTool(run, self.tasks, agent, name, shown.get(name)) for name in SUBAGENT_TOOLS
+            ]
+        mcp: list[ToolKind] = list(self.mcp.kinds(run, agent))
+        table = AgentTools()
+        for kind in [*kinds, *handoffs, *subagents, *mcp]:
+            spec = kind.spec()
+            if spec is not None:
+                table.specs.append(spec)
+        # Which kind answers a name: a handoff first, then function and agent tools, the
+        # subagent tools, MCP tools (whose names avoid all the others).
+        for kind in [*mcp, *subagents, *kinds, *handoffs]:
+            table.kinds[kind.name] = kind
+        return table
+
+    # --- what the model wrote -------------------------------------------------------------------
+
+    def check(self, message: Message) -> tuple[list[ToolCall], Message, bool]:
+        """The calls to run and the message to record (:mod:`relaykit.model_output`),
+        and whether the message differs from what the provider sent."""
+        if not message.tool_calls:
+            return [], message, False
+        fix_ids = check_ids_needed(message) and workflow.patched(PATCH_CALL_IDS)
+        checked = check_calls(
+            message, self.run.state.turn, fix_ids=fix_ids, run_key=workflow.info().workflow_id
+        )
+        self._argument_problems = checked.problems
+        return checked.calls, checked.recorded, checked.changed
+
+    def _argument_problem(self, call: ToolCall) -> str | None:
+        """Why a call's arguments cannot reach any tool (not a JSON object), as the error
+        result the model reads; ``None`` when they can."""
+        if call.arguments in self._argument_problems:  # parsed once, by check()
+            problem = self._argument_problems[call.arguments]
+        else:
+            problem = parse_object(call.arguments)[1]
+        if problem is None or not workflow.patched(PATCH_BAD_ARGUMENTS):
+            return None
+        return (
+            f"Invalid arguments for tool {call.name!r}: {problem}. The call was not run; "
+            "call it again with a JSON object of arguments."
+        )
+
+    # --- one turn's calls -----------------------------------------------------------------------
+
+    async def run_calls(
+        self, agent: Agent, calls: list[ToolCall]
+    ) -> tuple[Handoff, str | None] | None:
+        """Run one turn's calls (see the module docstring); returns the handoff to switch to."""
+        run = self.run
+        table = self.tools(agent)
+        results: list[Message | None] = [None] * len(calls)
+        concurrent: list[tuple[int, Any]] = []
+        barrier: tuple[int, ToolCall, ToolKind, Prepared] | None = None
+        gates = self.approvals.gates(agent, calls, lambda call: self._approval_hint(table, call))
+        for index, call in enumerate(calls):
+            kind = table.kinds.get(call.name)
+            data: dict[str, Any] = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+            if kind is not None:
+                data.update(kind.call_event(call))
+            run.emit("tool_call", data)
+            problem = self._argument_problem(call)
+            if problem is not None:
+                results[index] = run.tool_message(call, problem, is_error=True)
+                continue
+            if kind is not None and kind.barrier:
+                outcome = self._preflight_barrier(agent, kind, call, barrier)
+                if isinstance(outcome, Message):
+                    results[index] = outcome
+                else:
+                    barrier = (index, call, kind, outcome)
+                continue
+            wait_for, decided = gates[index]
+            concurrent.append((index, self._gated(agent, table, kind, call, wait_for, decided)))
+        outcomes = await asyncio.gather(*(coro for _, coro in concurrent))
+        for (index, _), outcome in zip(concurrent, outcomes):
+            results[index] = outcome
+        switch = None
+        if barrier is not None:
+            index, call, kind, prepared = barrier
+            message, switch = await self._run_prepared(agent, kind, prepared)
+            results[index] = message
+        for message in results:
+            assert message is not None
+            run.state.transcript.append(message)
+            run.emit(
+                "tool_result",
+                {
+                    "call_id": message.tool_call_id,
+                    "name": message.name,
+                    "content": head(message.content),
+                    "is_error": message.is_error,
+                },
+            )
+        return switch
+
+    def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
+        """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
+        kind = table.kinds.get(call.name)
+        return kind is not None and not kind.barrier and kind.approval_hint(call)
+
+    def _preflight_barrier(
+        self,
+        agent: Agent,
+        kind: ToolKind,
+        call: ToolCall,
+        first: tuple[int, ToolCall, ToolKind, Prepared] | None,
+    ) -> Prepared | Message:
+        run = self.run
+        repeated = check_repeat(run.state, call, agent.max_repeated_calls)  # loop guard
+        if repeated is not None:
+            return run.tool_message(call, repeated)
+        prepared = kind.prepare(call)
+        if isinstance(prepared, ToolResult):  # invalid: no switch, the model reads why
+            return run.tool_message(call, prepared.content, is_error=prepared.is_error)
+        if first is None:
+            return prepared
+        return run.tool_message(
+            call,
+            "Rejected: only the first handoff of a turn runs; the conversation is "
+            f"already being handed over by {first[1].name}.",
+            is_error=True,
+        )
+
+    async def _gated(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        kind: ToolKind | None,
+        call: ToolCall,
+        wait_for: asyncio.Event | None,
+        decided: asyncio.Event | None,
+    ) -> Message:
+        try:
+            if wait_for is not None:
+                await wait_for.wait()
+            return await self._run_one(agent, table, kind, call)
+        finally:
+            self.approvals.release(call, decided)
+
+    async def _run_one(
+        self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall
+    ) -> Message:
+        run = self.run
+        if kind is None:
+            known = ", ".join(spec.name for spec in table.specs) or "none"
+            return run.tool_message(
+                call, f"Unknown tool {call.name!r}. Available tools: {known}.", is_error=True
+            )
+        repeated = check_repeat(run.state, call, agent.max_repeated_calls)  # loop guard
+        if repeated is not None:
+            return run.tool_message(call, repeated, is_error=False)
+        prepared = kind.prepare(call)
+        if isinstance(prepared, ToolResult):
+            return run.tool_message(call, prepared.content, is_error=prepared.is_error)
+        message, _ = await self._run_prepared(agent, kind, prepared)
+        return message
+
+    async def _run_prepared(
+        self, agent: Agent, kind: ToolKind, prepared: Prepared
+    ) -> tuple[Message, tuple[Handoff, str | None] | None]:
+        run, call = self.run, prepared.call
+        if prepared.needs_approval:
+            refusal = await self.approvals.decide(agent, kind, call)
+            if refusal is not None:
+                return run.tool_message(call, refusal.content, is_error=refusal.is_error), None
+        result = await kind.execute(prepared)
+        if result.usage is not None:  # a child's usage: the budget covers the whole tree
+            run.add_usage(result.usage)
+        return run.tool_message(call, result.content, is_error=result.is_error), result.switch
