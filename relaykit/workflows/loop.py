@@ -57,7 +57,7 @@ from relaykit.runs import (
 )
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows.children import SUBAGENT_TOOLS, Children
-from relaykit.transcripts import TRANSCRIPT_MISSING
+from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
@@ -366,18 +366,25 @@ class TurnLoop:
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
         await self.mcp.prepare(agent)  # MCP tool lists: an activity, once per workflow run
-        request = self.build_request(agent)
-        try:
-            response = await self._execute_model_call(request, agent)
-        except ActivityError as exc:
-            cause = exc.cause
-            if not (isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING):
-                raise
-            # This worker cannot see the stored prefix: start a new chain, sending it all.
-            self.transport.forget(self.state)
+        # At most two references can be missing (the static part, then the prefix); each miss
+        # drops only what was missing, so a third request carries everything inline.
+        for attempt in range(3):
             request = self.build_request(agent)
-            response = await self._execute_model_call(request, agent)
-        self.transport.after_store(self.state, request)
+            try:
+                response = await self._execute_model_call(request, agent)
+                break
+            except ActivityError as exc:
+                cause = exc.cause
+                missing = cause.type if isinstance(cause, ApplicationError) else None
+                if attempt == 2 or missing not in (REQUEST_PART_MISSING, TRANSCRIPT_MISSING):
+                    raise
+                if missing == REQUEST_PART_MISSING:
+                    # Only the unchanging part is gone: send it again, keep the transcript chain.
+                    self.transport.forget_static(self.state)
+                else:
+                    # This worker cannot see the stored prefix: start a new chain, sending it all.
+                    self.transport.forget(self.state)
+        self.transport.after_store(self.state, response)
         self.add_usage(response.usage, check=False)
         self._last_input_tokens = response.usage.input_tokens
         return response
@@ -398,7 +405,9 @@ class TurnLoop:
             if is_cancelled_exception(exc):
                 raise  # the run is being cancelled: end as cancelled, not failed
             cause = exc.cause
-            if isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING:
+            if isinstance(cause, ApplicationError) and cause.type in (
+                TRANSCRIPT_MISSING, REQUEST_PART_MISSING
+            ):
                 if request.base_ref is not None or request.static_ref is not None:
                     raise
             kind = cause.type if isinstance(cause, ApplicationError) else None
