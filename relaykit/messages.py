@@ -149,3 +149,7 @@ class ModelResponse(CompactModel):
     finish_reason: str | None = None
     transcript_ref: str | None = None
     """Digest of the stored transcript ending with this response (when the request asked)."""
+    static_ref: str | None = None
+    """Digest of the request's unchanging part that the model worker stored or found for this
+    call. The workflow learns what is stored from this recorded value, never by re-deriving it:
+    on replay, today's code may compute another digest for its own system prompt and tools."""

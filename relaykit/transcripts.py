@@ -49,6 +49,10 @@ SKIP = 32
 parallel reads (a 300-turn run: 10 rounds instead of 300 reads one after another)."""
 TRANSCRIPT_MISSING = "TranscriptMissing"
 """ApplicationError type a model activity raises when it cannot rebuild a prefix."""
+REQUEST_PART_MISSING = "RequestPartMissing"
+"""ApplicationError type a model activity raises when a request's unchanging part (system
+prompt, tool schemas, settings) is not in the store: the run sends that part again and keeps
+its transcript chain."""
 
 
 class TranscriptNotFound(LookupError):

@@ -89,13 +89,15 @@ class CrashRig:
         )
         return env
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, module: str = "tests.crash_agents", **env: str
+    ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"worker-{len(self.processes) + 1}.log", "wb")  # noqa: SIM115
         self.logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", "tests.crash_agents",
+            [sys.executable, "-m", "relaykit.cli", "worker", module,
              "--task-queue", self.task_queue],
-            cwd=REPO_ROOT, env=self.environment(), stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT, env={**self.environment(), **env}, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT,
         )
         self.processes.append(proc)

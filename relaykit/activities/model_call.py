@@ -20,8 +20,13 @@ from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
 from relaykit.streaming import DeltaPublisher
 from relaykit.storage import scope_for
-from relaykit.transcripts import TRANSCRIPT_MISSING, TranscriptNotFound, TranscriptStore
 from relaykit.runs import MODEL_ACTIVITY
+from relaykit.transcripts import (
+    REQUEST_PART_MISSING,
+    TRANSCRIPT_MISSING,
+    TranscriptNotFound,
+    TranscriptStore,
+)
 
 
 class ModelActivities:
@@ -80,7 +85,7 @@ class ModelActivities:
                 raise ApplicationError(
                     f"request part {request.static_ref[:12]!r} is not in this worker's "
                     f"transcript store ({self.transcripts.location})",
-                    type=TRANSCRIPT_MISSING,
+                    type=REQUEST_PART_MISSING,
                     non_retryable=True,
                 ) from None
             parsed = ModelRequest.model_validate({"model": request.model, **part})
@@ -113,6 +118,7 @@ class ModelActivities:
                 )
             finally:
                 publisher.close()
+        response.static_ref = full.static_ref  # what this call stored or found, for the workflow
         if request.store_transcript:
             try:
                 response.transcript_ref = await self.transcripts.save(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from relaykit.messages import Message
+from relaykit.messages import Message, ModelResponse
 from relaykit.models.spec import ModelRequest, ModelSettings
 from relaykit.runs import RunState
 from relaykit.transcripts import static_digest
@@ -74,10 +74,22 @@ class ContextTransport:
             )
         return request.model_copy(update={"static_ref": digest, "store_static": True})
 
-    def after_store(self, state: RunState, request: ModelRequest) -> None:
-        """The call that stored ``request``'s static part succeeded: later calls can refer to it."""
-        if request.store_static and request.static_ref:
-            state.static_refs = [*state.static_refs, request.static_ref][-MAX_STATIC_REFS:]
+    def after_store(self, state: RunState, response: ModelResponse) -> None:
+        """Later calls can refer to the static part the model worker says it stored or found.
+
+        The digest comes from the call's recorded result, never from the request this code
+        builds: on replay after a deploy, edited instructions or tool schemas give another
+        digest, one that was never stored. Results recorded before workers reported it carry
+        none; the next call then simply stores its part again."""
+        ref = response.static_ref
+        if ref and ref not in state.static_refs:
+            state.static_refs = [*state.static_refs, ref][-MAX_STATIC_REFS:]
+
+    @staticmethod
+    def forget_static(state: RunState) -> None:
+        """A model worker could not find a static part: send it again, keep the transcript chain
+        (after a continue-as-new its start is only in the store)."""
+        state.static_refs = []
 
     @staticmethod
     def forget(state: RunState) -> None:

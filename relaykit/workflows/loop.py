@@ -43,7 +43,7 @@ from relaykit.runs import (
     RunSetup,
     RunState,
 )
-from relaykit.transcripts import TRANSCRIPT_MISSING
+from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows import long_runs, model_turn
 from relaykit.workflows.approvals import Approvals
 from relaykit.workflows.handoffs import filtered_history
@@ -270,18 +270,25 @@ class TurnLoop:
     async def _call_model(self, agent: Agent) -> ModelResponse:
         run = self.run_state
         await self.tools.prepare(agent)  # MCP tool lists: an activity, once per workflow run
-        request = self.build_request(agent)
-        try:
-            response = await model_turn.execute_model_call(run, request, agent)
-        except ActivityError as exc:
-            cause = exc.cause
-            if not (isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING):
-                raise
-            # This worker cannot see the stored prefix: start a new chain, sending it all.
-            run.transport.forget(self.state)
+        # At most two references can be missing (the static part, then the prefix); each miss
+        # drops only what was missing, so a third request carries everything inline.
+        for attempt in range(3):
             request = self.build_request(agent)
-            response = await model_turn.execute_model_call(run, request, agent)
-        run.transport.after_store(self.state, request)
+            try:
+                response = await model_turn.execute_model_call(run, request, agent)
+                break
+            except ActivityError as exc:
+                cause = exc.cause
+                missing = cause.type if isinstance(cause, ApplicationError) else None
+                if attempt == 2 or missing not in (REQUEST_PART_MISSING, TRANSCRIPT_MISSING):
+                    raise
+                if missing == REQUEST_PART_MISSING:
+                    # Only the unchanging part is gone: send it again, keep the transcript chain.
+                    run.transport.forget_static(self.state)
+                else:
+                    # This worker cannot see the stored prefix: start a new chain, sending it all.
+                    run.transport.forget(self.state)
+        run.transport.after_store(self.state, response)
         run.add_usage(response.usage, check=False)
         self._last_input_tokens = response.usage.input_tokens
         return response

@@ -24,7 +24,7 @@ from relaykit.messages import ModelResponse
 from relaykit.models.spec import ModelRequest, ModelSettings
 from relaykit.output import OutputType
 from relaykit.runs import MODEL_ACTIVITY
-from relaykit.transcripts import TRANSCRIPT_MISSING
+from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows.loop_guard import withhold_tools
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.subagent_tasks import SubagentTasks
@@ -105,7 +105,9 @@ async def execute_model_call(run: Run, request: ModelRequest, agent: Agent) -> M
         if is_cancelled_exception(exc):
             raise  # the run is being cancelled: end as cancelled, not failed
         cause = exc.cause
-        if isinstance(cause, ApplicationError) and cause.type == TRANSCRIPT_MISSING:
+        if isinstance(cause, ApplicationError) and cause.type in (
+            TRANSCRIPT_MISSING, REQUEST_PART_MISSING
+        ):
             if request.base_ref is not None or request.static_ref is not None:
                 raise
         kind = cause.type if isinstance(cause, ApplicationError) else None
