@@ -3,13 +3,16 @@ result instead of running the tool again, and the run still ends."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
-from relaykit import Agent, start_run, tool
+from relaykit import Agent, Subagents, start_run, tool
 from relaykit import registry
 from relaykit.errors import ConfigurationError
 from relaykit.graph import AgentGraph
@@ -23,7 +26,7 @@ from relaykit.testing.scripted_server import (
 )
 from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
-from tests.support import scheduled_activities, scripted_model, serving
+from tests.support import history_events, scheduled_activities, scripted_model, serving
 
 
 def counting_tool(name: str, runs: list[str]) -> object:
@@ -91,6 +94,109 @@ async def test_a_turn_of_only_refused_repeats_makes_the_next_call_answer_without
     assert runs == ["A-1"] * 3
     choices = [r.body.get("tool_choice") for r in model_server.requests(model.name)]
     assert choices[-1] == "none" and "none" not in choices[:-1]
+
+
+async def test_a_cancel_subagent_call_repeated_past_the_limit_is_not_run_and_the_run_ends(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The subagent tools go through the one tool path, loop guard included: a model stuck on
+    # cancel_subagent(id="000") gets the earlier result with the note from the 4th call on,
+    # is then asked without tools, and answers (before, it called it until max_turns).
+    def stuck(request: ScriptedRequest) -> Step:
+        if request.body.get("tool_choice") == "none":
+            return text("giving up on 000")
+        return call("cancel_subagent", raw_arguments='{"id": "000"}')
+
+    model = scripted_model(model_server)
+    model_server.respond(model.name, stuck)
+    helper = Agent(name="guard_helper", model=model)
+    lead = Agent(name="guard_lead", model=model, subagents=Subagents([helper]))
+    async with serving(client, lead) as worker:
+        handle = await start_run(client, lead, "cancel 000", task_queue=worker.task_queue)
+        result = await handle.result()
+    assert (result.output, result.turns) == ("giving up on 000", 5)
+    results = [m for m in result.transcript if m.role == "tool"]
+    assert len(results) == 4
+    unknown = "Unknown task id '000'; no task has been started yet."
+    assert [(r.content, r.is_error) for r in results[:3]] == [(unknown, True)] * 3
+    refused = results[3]
+    assert refused.content.startswith(unknown + "\n\n(The same result as before")
+    assert "cancel_subagent already ran 3 times" in refused.content
+    assert "not run again" in refused.content
+    choices = [r.body.get("tool_choice") for r in model_server.requests(model.name)]
+    assert choices[-1] == "none" and "none" not in choices[:-1]
+
+
+async def test_a_repeated_cancel_subagent_is_not_run_again_and_cancels_the_task_once(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Run again, the second cancel would answer "already cancelled"; refused by the guard
+    # (max_repeated_calls=1), it repeats the first result, and one cancel request is recorded.
+    hold = threading.Event()
+    child_model = scripted_model(model_server)
+    model_server.respond(child_model.name, lambda req: text("late report", hold=hold))
+    helper = Agent(name="guard_worker", model=child_model)
+    model = scripted_model(model_server)
+    model_server.script(
+        model.name,
+        [
+            call("spawn_subagent", prompt="slow task"),
+            call("cancel_subagent", raw_arguments='{"id": "task-1"}'),
+            call("cancel_subagent", raw_arguments='{"id": "task-1"}'),
+            text("cancelled it"),
+        ],
+    )
+    lead = Agent(
+        name="guard_canceller", model=model, subagents=Subagents([helper]), max_repeated_calls=1
+    )
+    try:
+        async with serving(client, lead) as worker:
+            handle = await start_run(client, lead, "start then stop", task_queue=worker.task_queue)
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+            events = await history_events(handle.workflow)
+    finally:
+        hold.set()
+    assert result.output == "cancelled it"
+    first, second = [m.content for m in result.transcript if m.role == "tool"][1:]
+    assert first == "Task task-1 cancelled."
+    assert second.startswith("Task task-1 cancelled.\n\n(The same result as before")
+    assert "already cancelled" not in second
+    cancels = [
+        e for e in events
+        if e.event_type == EventType.EVENT_TYPE_REQUEST_CANCEL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert len(cancels) == 1
+
+
+async def test_a_handoff_repeated_past_the_limit_does_not_switch_again(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Handoffs are tools too: triage and billing handing the conversation back and forth
+    # with the same arguments stop at the limit, and the agent holding it answers.
+    triage_model = scripted_model(model_server)
+    billing_model = scripted_model(model_server)
+    billing = Agent(name="guard_billing", model=billing_model, max_repeated_calls=1)
+    triage = Agent(
+        name="guard_triage", model=triage_model, handoffs=[billing], max_repeated_calls=1
+    )
+    billing.handoffs = [triage]
+    model_server.script(
+        triage_model.name,
+        [call("transfer_to_guard_billing"), call("transfer_to_guard_billing"), text("triage answers")],
+    )
+    model_server.script(billing_model.name, [call("transfer_to_guard_triage")])
+    async with serving(client, triage) as worker:
+        handle = await start_run(client, triage, "ping", task_queue=worker.task_queue, max_turns=6)
+        result = await handle.result()
+        handoffs = [e for e in await handle.events() if e.kind == "handoff"]
+    assert (result.output, result.final_agent) == ("triage answers", "guard_triage")
+    assert [(e.data["from"], e.data["to"]) for e in handoffs] == [
+        ("guard_triage", "guard_billing"),
+        ("guard_billing", "guard_triage"),
+    ]
+    refused = [m for m in result.transcript if m.role == "tool"][-1]
+    assert refused.name == "transfer_to_guard_billing"
+    assert "not run again" in refused.content
 
 
 async def test_arguments_that_differ_only_in_key_order_or_spacing_count_as_the_same_call(
