@@ -143,7 +143,7 @@ class AgentRun:
 
     @workflow.query
     def events(self, offset: int = 0) -> list[RunEvent]:
-        return self._loop.events_from(offset)
+        return self._loop.run_state.events_from(offset)
 
     # --- approvals ------------------------------------------------------------------------------
 
@@ -151,22 +151,22 @@ class AgentRun:
     def approve(self, decision: ApprovalDecision) -> PendingApproval:
         """Answer a pending approval; the caller learns at once whether it was accepted."""
         pending = self._loop.state.pending_approvals[decision.call_id]
-        self._loop.answer_approval(decision)
+        self._loop.approvals.answer(decision)
         return pending
 
     @approve.validator
     def _validate_approve(self, decision: ApprovalDecision) -> None:
-        self._loop.validate_approval(decision)
+        self._loop.approvals.validate(decision)
 
     @workflow.signal(name="approve_signal")
     def approve_signal(self, decision: ApprovalDecision) -> None:
         """Fire-and-forget variant of :meth:`approve`; unknown or repeated answers are ignored."""
         try:
-            self._loop.validate_approval(decision)
+            self._loop.approvals.validate(decision)
         except ValueError as exc:
             workflow.logger.warning("ignored approval: %s", exc)
             return
-        self._loop.answer_approval(decision)
+        self._loop.approvals.answer(decision)
 
     # --- child runs ---------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from relaykit.messages import ToolCall, ToolSpec
 from relaykit.runs import RunInput, RunResult
 from relaykit.tool_args import AgentToolArgs
 from relaykit.workflows.run_state import Run
-from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
+from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult, invalid_arguments
 
 # Patches (docs/replay.md): each marks a change in the commands a run issues, so that runs
 # recorded before it replay the old way.
@@ -37,15 +37,6 @@ AGENT_TOOL_ID_PATCH = "relaykit-agent-tool-id-by-name"
 CHILD_CANCEL_PATCH = "relaykit-agent-tool-cancel-reaches-parent"
 """An agent-tool child that ends cancelled requests its parent's cancellation (before: a child
 cancelled from inside made the parent fail)."""
-
-
-def invalid_arguments(tool_name: str, exc: ValidationError) -> str:
-    """What the model reads when its arguments do not validate: each problem with its place."""
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
-        for err in exc.errors(include_url=False)[:10]
-    )
-    return f"Invalid arguments for tool {tool_name!r}: {problems}. Fix them and call it again."
 
 
 def _child_name(agent_name: str) -> str:

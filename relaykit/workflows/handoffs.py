@@ -23,6 +23,7 @@ from relaykit import errors
 from relaykit.agent import Handoff
 from relaykit.handoff import HandoffArgs, HandoffCallbackInput, HandoffInputData, parse_handoff_args
 from relaykit.messages import Message, ToolCall, ToolSpec
+from relaykit.workflows.loop_guard import PATCH_ALL_KINDS
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
 
@@ -38,6 +39,7 @@ forever and stall the run)."""
 
 class HandoffTool(ToolKind):
     barrier = True
+    guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
 
     def __init__(self, run: Run, agent: str, handoff: Handoff) -> None:
         self.run = run

@@ -36,11 +36,8 @@ from relaykit.output import OutputType
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     MODEL_ACTIVITY,
-    ApprovalDecision,
-    RunEvent,
     RunInput,
     RunResult,
-    RunSetup,
     RunState,
 )
 from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
@@ -54,11 +51,6 @@ from relaykit.workflows.tool_path import ToolPath
 __all__ = ["AGENT_RUN_WORKFLOW", "MODEL_ACTIVITY", "TurnLoop", "run_agent"]
 
 MAX_OUTPUT_RETRIES = 2
-# Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
-# consulted when the change applies (a marker lands in history only then).
-PATCH_RUN_SETUP = "relaykit.run-setup"
-PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
-PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 
 
 class TurnLoop:
@@ -102,20 +94,11 @@ class TurnLoop:
     def setup_flag(self, name: str) -> bool:
         return self.run_state.setup_flag(name)
 
-    def events_from(self, offset: int) -> list[RunEvent]:
-        return self.run_state.events_from(offset)
-
-    def answer_approval(self, decision: ApprovalDecision) -> None:
-        self.approvals.answer(decision)
-
-    def validate_approval(self, decision: ApprovalDecision) -> None:
-        self.approvals.validate(decision)
-
     # --- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
         run = self.run_state
-        self._record_setup()
+        run.record_setup()
         if self.state.agent not in self.graph.agents:
             raise ApplicationError(
                 f"unknown agent {self.state.agent!r}; this worker serves: "
@@ -198,26 +181,6 @@ class TurnLoop:
             state.transcript.extend(given)
         state.task = next((m for m in state.transcript if m.role == "user"), None)
         self.run_state.emit("run_started", {"input": given if isinstance(given, str) else len(given)})
-
-    def _record_setup(self) -> None:
-        """Decide, once per run, what depends on the worker's configuration and changes the
-        commands a run issues (search attribute upserts, event groups), and record it: as patch
-        markers in the first workflow task, then in the state a continue-as-new carries. Any
-        worker replays the run the way it was recorded, whatever its own configuration."""
-        if self.state.setup is not None:
-            return
-        if not workflow.patched(PATCH_RUN_SETUP):  # started before the choices were recorded
-            self.state.setup = RunSetup(
-                search_attributes=self.graph.search_attributes,
-                event_groups=self.graph.event_groups,
-            )
-            return
-        self.state.setup = RunSetup(
-            search_attributes=_recorded_choice(
-                PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes
-            ),
-            event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
-        )
 
     # --- 1. the turn boundary -------------------------------------------------------------------
 
@@ -353,14 +316,6 @@ class TurnLoop:
             agent=source,
             run_path=source_path,
         )
-
-
-def _recorded_choice(patch_id: str, configured: bool) -> bool:
-    """A yes/no choice recorded as a patch marker: made from the worker's configuration when the
-    run first executes, read back from the marker when it is replayed (on any worker)."""
-    if workflow.unsafe.is_replaying():
-        return workflow.patched(patch_id)
-    return configured and workflow.patched(patch_id)
 
 
 async def run_agent(

@@ -29,6 +29,11 @@ from relaykit.messages import ToolCall
 from relaykit.runs import RepeatedCall, RunState
 
 PATCH_ID = "relaykit-loop-guard"
+PATCH_ALL_KINDS = "relaykit-loop-guard.all-kinds"
+"""The guard also refuses repeated subagent-tool calls and handoffs (before the tool path was
+one, those always ran). A patch id of its own: in a run recorded before, such a repeat ran where
+the guard would refuse it now, and asking ``PATCH_ID`` there would also turn the guard off for
+the function tools of that run (a patch answers the same way all run long)."""
 RESULT_HEAD = 2_000
 """How much of the earlier result a refused call repeats."""
 
@@ -67,7 +72,9 @@ def _catch_up(state: RunState) -> None:
     guard.seen = total
 
 
-def check_repeat(state: RunState, call: ToolCall, limit: int | None) -> str | None:
+def check_repeat(
+    state: RunState, call: ToolCall, limit: int | None, patch_id: str = PATCH_ID
+) -> str | None:
     """``None``: run the call (it is counted). Otherwise the text of the tool result that
     replaces it."""
     if limit is None:
@@ -83,7 +90,7 @@ def check_repeat(state: RunState, call: ToolCall, limit: int | None) -> str | No
         entry.last_call_id = call.id
         entry.result = None
         return None
-    if not workflow.patched(PATCH_ID):  # a run from before the guard: it ran every call
+    if not workflow.patched(patch_id):  # a run from before the guard: it ran every call
         entry.count += 1
         entry.last_call_id = call.id
         entry.result = None

@@ -28,9 +28,14 @@ from relaykit import errors
 from relaykit.agent import Agent, Budget
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ToolCall, Usage
-from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunState
+from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.context import ContextTransport
 
+# Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
+# consulted when the change applies (a marker lands in history only then).
+PATCH_RUN_SETUP = "relaykit.run-setup"
+PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
+PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 MAX_EVENTS_KEPT = 2_000
 EVENTS_KEPT_ACROSS_RUNS = 200
 
@@ -63,6 +68,26 @@ class Run:
         before it is recorded)."""
         source: Any = self.state.setup if self.state.setup is not None else self.graph
         return bool(getattr(source, name))
+
+    def record_setup(self) -> None:
+        """Decide, once per run, what depends on the worker's configuration and changes the
+        commands a run issues (search attribute upserts, event groups), and record it: as patch
+        markers in the first workflow task, then in the state a continue-as-new carries. Any
+        worker replays the run the way it was recorded, whatever its own configuration."""
+        if self.state.setup is not None:
+            return
+        if not workflow.patched(PATCH_RUN_SETUP):  # started before the choices were recorded
+            self.state.setup = RunSetup(
+                search_attributes=self.graph.search_attributes,
+                event_groups=self.graph.event_groups,
+            )
+            return
+        self.state.setup = RunSetup(
+            search_attributes=_recorded_choice(
+                PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes
+            ),
+            event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
+        )
 
     # --- events and status ----------------------------------------------------------------------
 
@@ -193,6 +218,14 @@ class Run:
             await asyncio.gather(*self._background)
             if clear:
                 self._background.clear()
+
+
+def _recorded_choice(patch_id: str, configured: bool) -> bool:
+    """A yes/no choice recorded as a patch marker: made from the worker's configuration when the
+    run first executes, read back from the marker when it is replayed (on any worker)."""
+    if workflow.unsafe.is_replaying():
+        return workflow.patched(patch_id)
+    return configured and workflow.patched(patch_id)
 
 
 def head(text: str, limit: int = 500) -> str:

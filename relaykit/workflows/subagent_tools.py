@@ -29,10 +29,10 @@ from relaykit.tool_args import (
     SpawnSubagentArgs,
     WaitSubagentsArgs,
 )
-from relaykit.workflows.agent_tools import invalid_arguments
+from relaykit.workflows.loop_guard import PATCH_ALL_KINDS
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.subagent_tasks import SubagentTasks
-from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
+from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult, invalid_arguments
 
 SUBAGENT_ARGS_PATCH = "relaykit-validated-subagent-tools"
 """The subagent tools validate their arguments (before: read leniently, so some calls that are
@@ -49,6 +49,7 @@ class LegacyWait:
 
 class SubagentTool(ToolKind):
     """One of the four subagent tools of one agent."""
+    guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
 
     def __init__(
         self, run: Run, tasks: SubagentTasks, agent: Agent, name: str, spec: ToolSpec | None

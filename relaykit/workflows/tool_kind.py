@@ -28,8 +28,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
 from relaykit.agent import Handoff
 from relaykit.messages import ToolCall, ToolSpec, Usage
+from relaykit.workflows.loop_guard import PATCH_ID as GUARD_PATCH
 
 PATCH_BAD_ARGUMENTS = "relaykit.reject-bad-arguments"
 """Patch id (docs/replay.md): arguments that are not a JSON object, and invalid handoff
@@ -70,6 +73,8 @@ class ToolKind:
     """Runs after the turn's other calls, and only the first of a turn runs (handoffs)."""
     approval_timeout: timedelta | None = None
     """How long a person may take to decide (``None``: no limit)."""
+    guard_patch: str = GUARD_PATCH
+    """The patch id under which the loop guard refuses this kind's repeats (docs/replay.md)."""
 
     def spec(self) -> ToolSpec | None:
         raise NotImplementedError
@@ -86,3 +91,12 @@ class ToolKind:
 
     async def execute(self, prepared: Prepared) -> ToolResult:
         raise NotImplementedError
+
+
+def invalid_arguments(tool_name: str, exc: ValidationError) -> str:
+    """What the model reads when its arguments do not validate: each problem with its place."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+        for err in exc.errors(include_url=False)[:10]
+    )
+    return f"Invalid arguments for tool {tool_name!r}: {problems}. Fix them and call it again."

@@ -209,7 +209,7 @@ class ToolPath:
         first: tuple[int, ToolCall, ToolKind, Prepared] | None,
     ) -> Prepared | Message:
         run = self.run
-        repeated = check_repeat(run.state, call, agent.max_repeated_calls)  # loop guard
+        repeated = check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch)  # loop guard
         if repeated is not None:
             return run.tool_message(call, repeated)
         prepared = kind.prepare(call)
@@ -249,7 +249,7 @@ class ToolPath:
             return run.tool_message(
                 call, f"Unknown tool {call.name!r}. Available tools: {known}.", is_error=True
             )
-        repeated = check_repeat(run.state, call, agent.max_repeated_calls)  # loop guard
+        repeated = check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch)  # loop guard
         if repeated is not None:
             return run.tool_message(call, repeated, is_error=False)
         prepared = kind.prepare(call)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relaykit import Agent, ModelSpec, tool
+from relaykit import Agent, ModelSpec, Subagents, tool
 from relaykit.graph import AgentGraph
 
 MODEL_NAME = "replay-model"
@@ -67,6 +67,18 @@ def refund(order_id: str, amount: int) -> str:
 refunder = Agent(name="refunder", instructions="Refund when asked.", tools=[refund])
 
 
+guard_helper = Agent(name="guard_helper", instructions="Help.")
+guarded = Agent(
+    name="guarded",
+    instructions="Add numbers; cancel tasks when asked.",
+    tools=[add],
+    subagents=Subagents([guard_helper]),
+    max_repeated_calls=1,
+)
+"""Recorded before the subagent tools got the loop guard: a repeated ``cancel_subagent`` ran,
+a repeated ``add`` was refused (so the history holds the ``relaykit-loop-guard`` marker)."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recorded run: its history file, workflow id, task queue and root agent."""
@@ -90,6 +102,7 @@ SCENARIOS = [
     Scenario("handoff", "replay-handoff", triage, "I was charged twice for invoice INV-7."),
     Scenario("approval", "replay-approval", refunder, "Refund 30 EUR on order A1, and 5 on B2."),
     Scenario("boundaries", "replay-boundaries", refunder, "Refund A1 and B2, then C3."),
+    Scenario("guard_kinds", "replay-guard-kinds", guarded, "Cancel task-9 twice, add 1 and 1 twice."),
 ]
 
 

@@ -10,7 +10,7 @@ unchanged, behind ``workflow.patched``)::
 It starts its own in-memory Temporal dev server and scripted model server, runs the scenarios
 of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by update and
 once by signal, and a turn with a repeated call id, cut-off arguments and approvals in request
-order) with fixed workflow ids and task queues, and writes each history to
+order, and repeated calls of two kinds under the loop guard) with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
 
@@ -60,6 +60,15 @@ SCRIPTS: dict[str, list[Step]] = {
             call("refund", raw_arguments='{"order_id": "C3"', id="call_c3"),
         ),
         text("Refunded 30 EUR on A1; B2 was rejected; C3 needs valid arguments."),
+    ],
+    # Recorded before the one tool path: the repeated cancel_subagent ran, the repeated add
+    # was refused by the loop guard (max_repeated_calls=1).
+    "guard_kinds": [
+        call("cancel_subagent", raw_arguments='{"id": "task-9"}', id="call_cancel_1"),
+        call("cancel_subagent", raw_arguments='{"id": "task-9"}', id="call_cancel_2"),
+        call("add", id="call_add_1", a=1, b=1),
+        call("add", id="call_add_2", a=1, b=1),
+        text("2"),
     ],
 }
 
