@@ -25,6 +25,7 @@ from relaykit.mcp import MCPServer
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.messages import ToolSpec
 from relaykit.names import is_valid_tool_name, tool_name_for
+from relaykit.runs import Budget
 from relaykit.tool_args import AgentToolArgs, HandoffArgs, HandoffCallbackInput, InputFilter
 from relaykit.tools import Tool
 
@@ -146,14 +147,6 @@ class Agent:
             max_turns=max_turns,
             budget=budget,
         )
-
-
-class Budget(BaseModel):
-    """Limits on what a run may spend. ``None`` means no limit. A child run's usage counts
-    towards its parent's budget, so the root budget caps the whole tree."""
-
-    max_total_tokens: int | None = None
-    max_requests: int | None = None
 
 
 @dataclass(eq=False)

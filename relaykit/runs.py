@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from relaykit.agent import Budget
 from relaykit.messages import Message, Usage
 
 RunStatus = Literal["running", "waiting_approval", "paused", "completed", "failed", "cancelled"]
@@ -46,6 +45,14 @@ AGENT_RUN_WORKFLOW = "AgentRun"
 """Workflow type of a run (compatibility data: runs in flight depend on it)."""
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data)."""
+
+
+class Budget(BaseModel):
+    """Limits on what a run may spend. ``None`` means no limit. A child run's usage counts
+    towards its parent's budget, so the root budget caps the whole tree."""
+
+    max_total_tokens: int | None = None
+    max_requests: int | None = None
 
 
 class RunEvent(BaseModel):
@@ -129,6 +136,17 @@ class ReportTarget(BaseModel):
     workflow_id: str | None = None
     signal: str = "subagent_report"
     url: str | None = None
+
+
+DELIVER_ACTIVITY = "relaykit.deliver_report"
+"""Activity type that POSTs a detached task's report (compatibility data)."""
+
+
+class DeliveryRequest(BaseModel):
+    """Input of :data:`DELIVER_ACTIVITY` (compatibility data)."""
+
+    url: str
+    report: ChildReport
 
 
 class RunSetup(BaseModel):

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import httpx
-from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from relaykit.runs import ChildReport
+from relaykit.runs import DELIVER_ACTIVITY, DeliveryRequest
 
-DELIVER_ACTIVITY = "relaykit.deliver_report"
-"""Activity type name (compatibility data)."""
-
-
-class DeliveryRequest(BaseModel):
-    url: str
-    report: ChildReport
+__all__ = ["DELIVER_ACTIVITY", "DeliveryRequest", "deliver_report"]
 
 
 @activity.defn(name=DELIVER_ACTIVITY)

@@ -24,7 +24,7 @@ from temporalio import workflow
 
 from relaykit.agent import Agent, Subagents
 from relaykit.messages import Message, ToolSpec
-from relaykit.runs import ChildReport, ReportTarget, SubagentTask
+from relaykit.runs import DELIVER_ACTIVITY, ChildReport, DeliveryRequest, ReportTarget, SubagentTask
 from relaykit.subagents import DEFAULT_INSTRUCTIONS, DETACHED_INSTRUCTIONS
 from relaykit.tool_args import (
     MAX_WAIT_SECONDS,
@@ -314,8 +314,6 @@ async def send_report(target: ReportTarget, report: ChildReport) -> None:
     if target.workflow_id:
         await signal_workflow(target.workflow_id, target.signal, report)
     if target.url:
-        from relaykit.activities.delivery import DELIVER_ACTIVITY, DeliveryRequest
-
         await workflow.execute_activity(
             DELIVER_ACTIVITY,
             DeliveryRequest(url=target.url, report=report),
