@@ -12,12 +12,14 @@ Workflow code: deterministic, no I/O (the summary is a model call: an activity).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import workflow
 
 from relaykit.context_policy import default_context_policy
 from relaykit.messages import Message
+from relaykit.runs import RunState
 from relaykit.workflows.run_state import EVENTS_KEPT_ACROSS_RUNS, Run, head
 
 Summarize = Callable[[list[Message], str], Awaitable[str]]
@@ -58,36 +60,40 @@ def compaction_due(run: Run, last_input_tokens: int) -> Any:
     return policy
 
 
-async def compact(run: Run, policy: Any, summarize: Summarize) -> bool:
-    """Replace the older part of the transcript; ``True`` when it did."""
-    state = run.state
+@dataclass
+class Compaction:
+    """A compacted transcript, for the turn loop to put in place."""
+
+    transcript: list[Message]
+    removed: int
+    """How many messages the summary replaces."""
+
+
+async def compact(state: RunState, policy: Any, summarize: Summarize) -> Compaction | None:
+    """The transcript with its older part replaced by a summary; ``None`` when nothing is old
+    enough to go."""
     transcript = state.transcript
     turn_starts = [i for i, m in enumerate(transcript) if m.role == "assistant"]
     if len(turn_starts) <= policy.keep_last_turns:
-        return False
+        return None
     cut = turn_starts[-policy.keep_last_turns] if policy.keep_last_turns else len(transcript)
     task = state.task
     old = [m for m in transcript[:cut] if m != task]
     if not old:
-        return False
+        return None
     if policy.strategy == "summarize":
         summary = await summarize(old, policy.summary_instructions)
     else:
         summary = f"[{len(old)} earlier messages were removed to fit the context window]"
-    archived = state.context_ref
     kept_head = [task] if task is not None else []
-    state.transcript = [
-        *kept_head,
-        Message.user(f"Summary of the conversation so far:\n{summary}"),
-        *transcript[cut:],
-    ]
-    state.transcript_offset = 0
-    run.transport.forget(state)
-    run.emit(
-        "context_compacted",
-        {"removed": len(old), "strategy": policy.strategy, "archived_ref": archived},
+    return Compaction(
+        transcript=[
+            *kept_head,
+            Message.user(f"Summary of the conversation so far:\n{summary}"),
+            *transcript[cut:],
+        ],
+        removed=len(old),
     )
-    return True
 
 
 def summary_prompt(messages: list[Message]) -> Message:

@@ -158,7 +158,8 @@ class TurnLoop:
                     return self._finish(output)
                 continue
             with self.turn_group(agent):  # [observability]
-                switch = await self.tools.run_calls(agent, calls)
+                results, switch = await self.tools.run_calls(agent, calls)
+            state.transcript.extend(results)
             if switch is not None:
                 self._switch_agent(*switch)
 
@@ -198,11 +199,20 @@ class TurnLoop:
             text = state.mailbox.pop(0)
             state.transcript.append(Message.user(text))
             run.emit("message_injected", {"text": text})
-        self.tasks.deliver_reports()
+        state.transcript.extend(self.tasks.deliver_reports())
         await long_runs.maybe_continue_as_new(run, self._turns_this_run)
         policy = long_runs.compaction_due(run, self._last_input_tokens)
-        if policy is not None and await long_runs.compact(run, policy, self._summarize):
+        compacted = None if policy is None else await long_runs.compact(state, policy, self._summarize)
+        if compacted is not None:
+            archived = state.context_ref
+            state.transcript = compacted.transcript
+            state.transcript_offset = 0
+            run.transport.forget(state)
             self._last_input_tokens = 0
+            run.emit(
+                "context_compacted",
+                {"removed": compacted.removed, "strategy": policy.strategy, "archived_ref": archived},
+            )
 
     async def _summarize(self, messages: list[Message], instructions: str) -> str:
         agent = self.current_agent

@@ -256,16 +256,17 @@ class SubagentTasks:
             {"id": task.id, "agent": task.agent, "status": task.status, "via": via},
         )
 
-    def deliver_reports(self) -> None:
-        """At a turn boundary: queued reports enter the conversation as user-side messages."""
+    def deliver_reports(self) -> list[Message]:
+        """At a turn boundary: queued reports, as the user-side messages the turn loop puts in
+        the conversation."""
+        messages: list[Message] = []
         while self.state.report_queue:
             task = self.state.tasks[self.state.report_queue.pop(0)]
             if task.delivered:
                 continue
-            self.state.transcript.append(
-                Message.user(f"Background task report {self.render(task)}")
-            )
+            messages.append(Message.user(f"Background task report {self.render(task)}"))
             self.delivered(task, via="turn_boundary")
+        return messages
 
     def reminder(self) -> str | None:
         """Status of running background tasks, sent with each request but never saved; gone

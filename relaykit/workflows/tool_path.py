@@ -15,8 +15,8 @@ the subagent tools, handoffs):
    (:mod:`relaykit.workflows.loop_guard`), the kind's own argument check
    (:meth:`ToolKind.prepare`), a person's decision when the kind says one is needed, then the
    kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget;
-4. the barrier runs, then the results enter the transcript in call order, each with its
-   ``tool_result`` event. The handoff's switch is returned to the turn loop, which makes it.
+4. the barrier runs; the results are returned in call order, each with its ``tool_result``
+   event, and the turn loop puts them in the transcript and makes the handoff's switch.
 
 A new kind of tool is one module implementing :class:`ToolKind`, listed in :meth:`_build`.
 
@@ -147,8 +147,9 @@ class ToolPath:
 
     async def run_calls(
         self, agent: Agent, calls: list[ToolCall]
-    ) -> tuple[Handoff, str | None] | None:
-        """Run one turn's calls (see the module docstring); returns the handoff to switch to."""
+    ) -> tuple[list[Message], tuple[Handoff, str | None] | None]:
+        """Run one turn's calls (see the module docstring); returns their results in call
+        order, for the transcript, and the handoff to switch to."""
         run = self.run
         table = self.tools(agent)
         results: list[Message | None] = [None] * len(calls)
@@ -182,9 +183,10 @@ class ToolPath:
             index, call, kind, prepared = barrier
             message, switch = await self._run_prepared(agent, kind, prepared)
             results[index] = message
+        done: list[Message] = []
         for message in results:
             assert message is not None
-            run.state.transcript.append(message)
+            done.append(message)
             run.emit(
                 "tool_result",
                 {
@@ -194,7 +196,7 @@ class ToolPath:
                     "is_error": message.is_error,
                 },
             )
-        return switch
+        return done, switch
 
     def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
