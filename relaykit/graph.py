@@ -50,6 +50,10 @@ class AgentGraph:
     """Whether runs upsert relaykit's search attributes (set by the worker when the namespace
     has them registered; upserting an unregistered one would fail every workflow task). Only
     the runs this worker starts follow it: a run records the choice (``RunState.setup``)."""
+    upgrade_on_continue_as_new: bool = False
+    """A versioned worker's choice: a run that continues as new starts its next execution on the
+    deployment's current build instead of staying pinned (set by the worker). It only shapes
+    the continue-as-new command's options, which replay does not compare."""
 
     @classmethod
     def build(

@@ -900,7 +900,12 @@ class TurnLoop:
         state.event_offset += len(state.events) - len(kept)
         state.events = kept
         state.runs += 1
-        workflow.continue_as_new(self.input.model_copy(update={"state": state}))
+        upgrade = (  # versioned workers only: the next execution starts on the current build
+            {"initial_versioning_behavior": workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE}
+            if self.graph.upgrade_on_continue_as_new
+            else {}
+        )
+        workflow.continue_as_new(self.input.model_copy(update={"state": state}), **upgrade)
 
     async def _maybe_compact(self) -> None:
         policy = self.graph.agents.get(self.input.agent, self.current_agent).context_policy
