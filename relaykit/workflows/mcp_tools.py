@@ -84,8 +84,10 @@ class MCPTools:
         known = self._entries.get(agent.name)
         if known is not None:
             return known
-        # [lovia semantics] the handoff/agent-tool names this run uses (relaykit.handoff)
-        taken = own_tool_names(agent, self.loop.setup_flag("lovia_tool_names"))
+        # [lovia semantics] the handoff/agent-tool names this run uses (relaykit.handoff);
+        # without a loop (outside a run) today's names
+        lovia_names = self.loop is None or self.loop.setup_flag("lovia_tool_names")
+        taken = own_tool_names(agent, lovia_names)
         if agent.subagents is not None:
             from relaykit.workflows.children import SUBAGENT_TOOLS
 
