@@ -1073,6 +1073,7 @@ async def run_agent(
     output_type: Any = None,
     extra_instructions: str | None = None,
     context: dict[str, Any] | None = None,
+    output_retries: int | None = None,
 ) -> RunResult:
     """Run ``agent`` to its end from inside any Temporal workflow.
 
@@ -1095,6 +1096,7 @@ async def run_agent(
             budget=budget,
             extra_instructions=extra_instructions,
             context=context or {},
+            output_retries=output_retries,  # [lovia semantics] run-level repair count
         ),
         output_type=output_type,
     )
