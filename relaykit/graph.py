@@ -36,7 +36,8 @@ def clone_name(agent: Agent) -> str:
 
 @dataclass
 class AgentGraph:
-    """Agents by name, function tools by name, handoffs by tool name (what the worker registers)."""
+    """Agents by name, function tools by name, handoffs by tool name (what the worker registers;
+    a handoff with ``on_handoff`` is there under its earlier name too, see ``Handoff.legacy_name``)."""
 
     agents: dict[str, Agent] = field(default_factory=dict)
     tools: dict[str, Tool] = field(default_factory=dict)
@@ -142,6 +143,10 @@ class AgentGraph:
                 )
             if known_callback is None:
                 self.handoffs[handoff.tool_name] = handoff
+            # Runs started before lovia's names call on_handoff by the earlier name: the worker
+            # keeps that activity type registered too.
+            if handoff.legacy_name != handoff.tool_name and handoff.on_handoff is not None:
+                self.handoffs.setdefault(handoff.legacy_name, handoff)
             reached.append(handoff.target)
         self._add_mcp_servers(agent)
         if agent.subagents is not None:

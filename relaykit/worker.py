@@ -203,8 +203,8 @@ class Worker:
             tool_activity(t, executor, self.max_tool_result_bytes) for t in self.graph.tools.values()
         )
         activities.extend(
-            handoff_activity(h, executor)
-            for h in self.graph.handoffs.values()
+            handoff_activity(h, executor, name=name)
+            for name, h in self.graph.handoffs.items()
             if h.on_handoff is not None
         )
         activities.extend(self._activities)

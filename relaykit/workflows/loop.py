@@ -39,12 +39,14 @@ from relaykit.handoff import (
     HandoffArgs,
     HandoffCallbackInput,
     HandoffInputData,
-    as_handoff,
+    find_tool,
+    handoffs_by_name,
+    own_tool_specs,
     parse_handoff_args,
 )
 from relaykit.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from relaykit.models.spec import ModelRequest, ModelSettings
-from relaykit.output import OutputType
+from relaykit.output import OutputType, repairs_allowed
 from relaykit.runs import (
     ApprovalDecision,
     EventKind,
@@ -62,6 +64,7 @@ from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
 from relaykit.workflows.loop_guard import check_repeat, withhold_tools
+from relaykit.workflows.semantics import recorded_semantics
 
 MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data: runs in flight depend on it)."""
@@ -82,7 +85,6 @@ HANDOFF_CALLBACK_RETRY = RetryPolicy(
 """``on_handoff`` is on the conversation's critical path: a few quick retries for a blip, then the
 handoff fails with an error result (Temporal's default policy would retry a broken callback
 forever and stall the run)."""
-MAX_OUTPUT_RETRIES = 2
 # Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
 # consulted when the change applies (a marker lands in history only then).
 PATCH_CALL_IDS = "relaykit.unique-call-ids"
@@ -245,13 +247,14 @@ class TurnLoop:
                 PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes
             ),
             event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
+            **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
         )
 
     def setup_flag(self, name: str) -> bool:
         """A recorded choice of :class:`RunSetup` (the worker's configuration before it is
         recorded)."""
         source: Any = self.state.setup if self.state.setup is not None else self.graph
-        return bool(getattr(source, name))
+        return bool(getattr(source, name, False))
 
     # --- what the model wrote -------------------------------------------------------------------
 
@@ -310,8 +313,8 @@ class TurnLoop:
         """Everything the agent may call (built once per agent: it depends only on code)."""
         specs = self._tool_specs.get(agent.name)
         if specs is None:
-            specs = [entry.spec for entry in agent.tools]
-            specs.extend(as_handoff(entry).spec for entry in agent.handoffs)
+            # [lovia semantics] handoff/agent-tool names as this run recorded them
+            specs = own_tool_specs(agent, self.setup_flag("lovia_tool_names"))
             specs.extend(self.children.tool_specs(agent))
             specs.extend(self.mcp.tool_specs(agent))
             self._tool_specs[agent.name] = specs
@@ -328,6 +331,10 @@ class TurnLoop:
         parts = [agent.render_instructions(ctx), self.children.instructions(agent) or ""]
         if self.input.extra_instructions:
             parts.append(self.input.extra_instructions)
+        # [lovia semantics] the schema also in the prompt: some servers ignore response_format
+        output = self._output_type_for(agent)
+        if output is not None and self.setup_flag("output_schema_in_prompt"):
+            parts.append(output.instructions())
         return "\n\n".join(part for part in parts if part)
 
     def build_request(self, agent: Agent) -> ModelRequest:
@@ -425,10 +432,16 @@ class TurnLoop:
             return True, output_type.dump(output_type.parse(text))
         except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
             self.state.output_retries += 1
-            if self.state.output_retries > MAX_OUTPUT_RETRIES:
+            # [lovia semantics] Agent.output_retries / RunInput.output_retries (was: always 2)
+            allowed = repairs_allowed(
+                self.setup_flag("output_retries_setting"),
+                self.input.output_retries,
+                agent.output_retries,
+            )
+            if self.state.output_retries > allowed:
                 self._fail(
                     f"the final answer of {agent.name!r} did not match its output type after "
-                    f"{MAX_OUTPUT_RETRIES} retries: {exc}",
+                    f"{allowed} {'repair' if allowed == 1 else 'repairs'}: {exc}",
                     errors.OUTPUT_VALIDATION_FAILED,
                 )
             self.state.transcript.append(
@@ -528,11 +541,16 @@ class TurnLoop:
     # --- tool calls -----------------------------------------------------------------------------
 
     async def _run_tool_calls(self, agent: Agent, calls: list[ToolCall]) -> None:
-        """Run one turn's calls: ordinary calls concurrently, then the first handoff as a
-        barrier; results go back in call order. A call after one that needs approval starts
-        only once that approval is decided (``Agent.approval_order``)."""
-        handoffs = {as_handoff(h).tool_name: as_handoff(h) for h in agent.handoffs}
+        """Run one turn's calls in request order around the first handoff, as lovia does: the
+        calls before it concurrently, then the handoff alone (a barrier), then the calls after
+        it concurrently (runs recorded before: every ordinary call first, the handoff last);
+        results go back in call order and the switch happens at the end of the turn. A call
+        after one that needs approval starts only once that approval is decided
+        (``Agent.approval_order``)."""
+        lovia_names = self.setup_flag("lovia_tool_names")  # [lovia semantics] names, aliases
+        handoffs = handoffs_by_name(agent, lovia_names)
         first_handoff: tuple[int, ToolCall, Handoff, HandoffArgs] | None = None
+        barrier = None  # [lovia semantics] calls concurrent[:barrier] run before the handoff
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
         gates = self._approval_gates(agent, calls)
@@ -540,7 +558,7 @@ class TurnLoop:
             # [observability] an agent tool's call names its child run, so watchers can follow it
             # (relaykit.streaming); the id is the one Children.run_agent_tool starts.
             data = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
-            agent_tool = next((t for t in agent.tools if t.name == call.name), None)
+            agent_tool = find_tool(agent, call.name, lovia_names)
             if isinstance(agent_tool, AgentTool):
                 data["workflow_id"] = self.children.agent_tool_workflow_id(agent_tool, call)
             self.emit("tool_call", data)
@@ -555,6 +573,8 @@ class TurnLoop:
                     results[index] = args
                 elif first_handoff is None:
                     first_handoff = (index, call, handoff, args)
+                    if self.setup_flag("handoff_in_request_order"):
+                        barrier = len(concurrent)
                 else:
                     results[index] = self.tool_message(
                         call,
@@ -565,12 +585,19 @@ class TurnLoop:
                 continue
             wait_for, decided = gates[index]
             concurrent.append((index, self._gated_call(agent, call, wait_for, decided)))
-        outcomes = await asyncio.gather(*(coro for _, coro in concurrent))
-        for (index, _), outcome in zip(concurrent, outcomes):
+        # [lovia semantics] request order: the calls before the handoff, then the handoff alone
+        # (a barrier), then the calls after it; runs recorded before run the handoff last.
+        later = concurrent[barrier:] if barrier is not None else []
+        earlier = concurrent[:barrier] if barrier is not None else concurrent
+        outcomes = await asyncio.gather(*(coro for _, coro in earlier))
+        for (index, _), outcome in zip(earlier, outcomes):
             results[index] = outcome
         if first_handoff is not None:
             index, call, handoff, args = first_handoff
             results[index] = await self._run_handoff(agent, call, handoff, args)
+        outcomes = await asyncio.gather(*(coro for _, coro in later))
+        for (index, _), outcome in zip(later, outcomes):
+            results[index] = outcome
         for message in results:
             assert message is not None
             self.state.transcript.append(message)
@@ -647,7 +674,7 @@ class TurnLoop:
         )
 
     async def _run_one_call(self, agent: Agent, call: ToolCall) -> Message:
-        entry = next((t for t in agent.tools if t.name == call.name), None)
+        entry = find_tool(agent, call.name, self.setup_flag("lovia_tool_names"))  # [lovia]
         if entry is None and agent.subagents is not None and call.name in SUBAGENT_TOOLS:
             return await self.children.run_tool(agent, call)
         mcp_entry = self.mcp.lookup(agent, call.name) if entry is None else None
@@ -804,7 +831,11 @@ class TurnLoop:
     def _handoff_args(self, call: ToolCall) -> HandoffArgs | Message:
         """The handoff's arguments, or the error result for invalid ones (a handoff the model
         got wrong does not switch agents: the model reads why and may call it again)."""
-        args, problem = parse_handoff_args(call.arguments)
+        # [lovia semantics] extra keys ignored, any JSON reason kept as text (runs recorded
+        # before: the strict schema)
+        args, problem = parse_handoff_args(
+            call.arguments, lenient=self.setup_flag("lenient_handoff_args")
+        )
         if args is not None:
             return args
         if not workflow.patched(PATCH_BAD_ARGUMENTS):  # recorded when any handoff switched
@@ -825,7 +856,7 @@ class TurnLoop:
         if handoff.on_handoff is not None:
             try:
                 await workflow.execute_activity(
-                    handoff.tool_name,
+                    handoff.run_name(self.setup_flag("lovia_tool_names")),  # [lovia] as recorded
                     HandoffCallbackInput(
                         source=agent.name,
                         target=handoff.target.name,
@@ -1047,6 +1078,7 @@ async def run_agent(
     output_type: Any = None,
     extra_instructions: str | None = None,
     context: dict[str, Any] | None = None,
+    output_retries: int | None = None,
 ) -> RunResult:
     """Run ``agent`` to its end from inside any Temporal workflow.
 
@@ -1069,6 +1101,7 @@ async def run_agent(
             budget=budget,
             extra_instructions=extra_instructions,
             context=context or {},
+            output_retries=output_retries,  # [lovia semantics] run-level repair count
         ),
         output_type=output_type,
     )

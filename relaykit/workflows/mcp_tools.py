@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from relaykit import errors
-from relaykit.handoff import as_handoff
+from relaykit.handoff import own_tool_names
 from relaykit.mcp import (
     MCPCallRequest,
     MCPListing,
@@ -84,8 +84,10 @@ class MCPTools:
         known = self._entries.get(agent.name)
         if known is not None:
             return known
-        taken = {entry.name for entry in agent.tools}
-        taken.update(as_handoff(h).tool_name for h in agent.handoffs)
+        # [lovia semantics] the handoff/agent-tool names this run uses (relaykit.handoff);
+        # without a loop (outside a run) today's names
+        lovia_names = self.loop is None or self.loop.setup_flag("lovia_tool_names")
+        taken = own_tool_names(agent, lovia_names)
         if agent.subagents is not None:
             from relaykit.workflows.children import SUBAGENT_TOOLS
 

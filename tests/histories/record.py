@@ -9,8 +9,8 @@ unchanged, behind ``workflow.patched``)::
 
 It starts its own in-memory Temporal dev server and scripted model server, runs the scenarios
 of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by update and
-once by signal, and a turn with a repeated call id, cut-off arguments and approvals in request
-order) with fixed workflow ids and task queues, and writes each history to
+once by signal, a turn with a repeated call id, cut-off arguments and approvals in request
+order, and a run before lovia's semantics) with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
 
@@ -60,6 +60,18 @@ SCRIPTS: dict[str, list[Step]] = {
             call("refund", raw_arguments='{"order_id": "C3"', id="call_c3"),
         ),
         text("Refunded 30 EUR on A1; B2 was rejected; C3 needs valid arguments."),
+    ],
+    # Recorded before lovia's semantics (issue 25): earlier tool names, strict handoff
+    # arguments, the handoff after the turn's other calls, two repairs of structured output.
+    "before_lovia": [
+        call("transfer_to_billing_team_40edd973", id="call_h1", reason="refund", priority="high"),
+        batch(
+            call("transfer_to_billing_team_40edd973", id="call_h2", reason="double charge"),
+            call("check_account", id="call_check", email="a@b.c"),
+        ),
+        text("refunded"),
+        text('{"queue": "billing"}'),
+        text('{"queue": "billing", "refunded": true}'),
     ],
 }
 
