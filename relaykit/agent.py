@@ -13,6 +13,7 @@ so it must be deterministic: no clock, no I/O, no randomness (use a tool for tho
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,7 +25,7 @@ from relaykit.errors import ConfigurationError
 from relaykit.mcp import MCPServer
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.messages import ToolSpec
-from relaykit.names import is_valid_tool_name, tool_name_for
+from relaykit.names import agent_tool_name, disambiguated, is_valid_tool_name, tool_name_for
 from relaykit.runs import Budget
 from relaykit.tool_args import AgentToolArgs, HandoffArgs, HandoffCallbackInput, InputFilter
 from relaykit.tools import Tool
@@ -86,6 +87,11 @@ class Agent:
     """After this many of its own turns with tool calls since the last user-side message, the
     agent's next model call gets no tools, so it answers with what it found. Small models
     wander from tool to tool; this bounds them however high a run's ``max_turns`` is."""
+    output_retries: int = 1
+    """How many repair requests follow a final answer that does not match ``output_type``
+    before the run fails with ``OutputValidationFailed`` (lovia's default: one; ``0`` fails at
+    the first invalid answer). A run may override it for every agent it reaches
+    (``start_run(..., output_retries=N)``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -117,6 +123,46 @@ class Agent:
                     hint="decorate functions with @relaykit.tool, use other_agent.as_tool(), "
                     "or relaykit.MCPServer.stdio(...)/.http(...)",
                 )
+        if (
+            isinstance(self.output_retries, bool)
+            or not isinstance(self.output_retries, int)
+            or self.output_retries < 0
+        ):
+            raise ConfigurationError(
+                f"agent {self.name!r}: output_retries must be an int >= 0, "
+                f"got {self.output_retries!r}"
+            )
+        self._disambiguate_tool_names()
+
+    def _disambiguate_tool_names(self) -> None:
+        """lovia's names add a digest only when they must, so two targets can share a default
+        name (``Billing Team`` and ``billing-team``): such names get a digest of their agent's
+        name, and names given explicitly stay as they are. Colliding entries are replaced by
+        renamed copies (an ``AgentTool`` may be shared by several agents)."""
+        handoffs = [as_handoff(entry) for entry in self.handoffs]
+        taken = Counter([t.name for t in self.tools] + [h.tool_name for h in handoffs])
+        if all(count == 1 for count in taken.values()):
+            return
+        self.tools = [
+            dataclasses.replace(t, name=disambiguated(t.name, t.agent.name))
+            if isinstance(t, AgentTool) and t.default_name and taken[t.name] > 1
+            else t
+            for t in self.tools
+        ]
+        renamed: list[Agent | Handoff] = []
+        for entry, handoff in zip(self.handoffs, handoffs):
+            if handoff.default_name and taken[handoff.tool_name] > 1:
+                copy = Handoff(
+                    target=handoff.target,
+                    name=disambiguated(handoff.tool_name, handoff.target.name),
+                    description=handoff.description,
+                    on_handoff=handoff.on_handoff,
+                    input_filter=handoff.input_filter,
+                )
+                copy.legacy_name, copy.default_name = handoff.legacy_name, True
+                entry = copy
+            renamed.append(entry)
+        self.handoffs = renamed
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r})"
@@ -141,7 +187,9 @@ class Agent:
         the model wrote, and its final output comes back as the tool result."""
         return AgentTool(
             agent=self,
-            name=name or tool_name_for("ask_", self.name),
+            name=name or agent_tool_name("ask_", self.name),
+            legacy_name=name or tool_name_for("ask_", self.name),
+            default_name=name is None,
             description=description
             or (f"Ask the {self.name} agent. " + (self.description or "")).strip(),
             max_turns=max_turns,
@@ -158,12 +206,28 @@ class AgentTool:
     description: str
     max_turns: int = 50
     budget: Budget | None = None
+    legacy_name: str = ""
+    """The tool name runs started before lovia's naming rule use (``name`` when empty); calls
+    by this name keep resolving."""
+    default_name: bool = False
+    """Whether ``name`` was derived from the agent's name (``as_tool()`` without ``name=``)."""
+
+    def __post_init__(self) -> None:
+        if not self.legacy_name:
+            self.legacy_name = self.name
+
+    def run_name(self, lovia_names: bool) -> str:
+        """The tool name a run uses (``RunSetup.lovia_tool_names``)."""
+        return self.name if lovia_names else self.legacy_name
 
     @property
     def spec(self) -> ToolSpec:
+        return self.spec_named(self.name)
+
+    def spec_named(self, name: str) -> ToolSpec:
         # the schema of the model that validates the call (relaykit.workflows.agent_tools)
         return ToolSpec(
-            name=self.name, description=self.description, parameters=AgentToolArgs.parameters()
+            name=name, description=self.description, parameters=AgentToolArgs.parameters()
         )
 
 
@@ -183,31 +247,49 @@ class Handoff:
     """Called (sync or async) as an activity when the handoff executes."""
     input_filter: InputFilter | None = None
     """Rewrites the history the target sees (pure function; runs in workflow code)."""
+    legacy_name: str = field(default="", init=False, repr=False)
+    """The tool name runs started before lovia's naming rule use (the same as ``name`` when it
+    was given, or when both rules agree); calls by this name keep resolving."""
+    default_name: bool = field(default=False, init=False, repr=False)
+    """Whether ``name`` was derived from the target's name (only those get a digest suffix when
+    they collide with another tool of the agent)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, Agent):
             raise ConfigurationError(f"Handoff target must be an Agent, got {self.target!r}")
         if self.name is None:
-            self.name = tool_name_for("transfer_to_", self.target.name)
+            self.name = agent_tool_name("transfer_to_", self.target.name)
+            self.legacy_name = tool_name_for("transfer_to_", self.target.name)
+            self.default_name = True
         elif not is_valid_tool_name(self.name):
             raise ConfigurationError(
                 f"invalid handoff tool name {self.name!r}",
                 hint="1-64 characters of A-Z, a-z, 0-9, _ and -",
             )
+        if not self.legacy_name:
+            self.legacy_name = self.name
 
     @property
     def tool_name(self) -> str:
         assert self.name is not None
         return self.name
 
+    def run_name(self, lovia_names: bool) -> str:
+        """The tool name a run uses: lovia's, or the earlier one for runs started before it
+        (``RunSetup.lovia_tool_names``)."""
+        return self.tool_name if lovia_names else self.legacy_name
+
     @property
     def spec(self) -> ToolSpec:
+        return self.spec_named(self.tool_name)
+
+    def spec_named(self, name: str) -> ToolSpec:
         description = self.description or (
             f"Hand the conversation over to the {self.target.name} agent, which continues it"
             + (f": {self.target.description}" if self.target.description else ".")
         )
         return ToolSpec(
-            name=self.tool_name,
+            name=name,
             description=description,
             parameters={
                 "type": "object",
@@ -220,6 +302,10 @@ class Handoff:
                 "additionalProperties": False,
             },
         )
+
+
+def as_handoff(entry: Agent | Handoff) -> Handoff:
+    return entry if isinstance(entry, Handoff) else Handoff(target=entry)
 
 
 @dataclass(eq=False)

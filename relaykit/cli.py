@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -370,6 +371,20 @@ async def worker(
     max_concurrent_activities: MaxActivitiesOpt = None,
     sticky_timeout: StickyOpt = DEFAULT_STICKY_TIMEOUT.total_seconds(),
     graceful_shutdown: GraceOpt = DEFAULT_GRACEFUL_SHUTDOWN.total_seconds(),
+    deployment: Annotated[
+        str | None,
+        typer.Option("--deployment", help="Worker deployment name (default: RELAYKIT_DEPLOYMENT); "
+                     "with --build-id, runs are pinned to this worker's build"),
+    ] = None,
+    build_id: Annotated[
+        str | None,
+        typer.Option("--build-id", help="Build id of this worker's code (default: RELAYKIT_BUILD_ID)"),
+    ] = None,
+    upgrade_on_continue_as_new: Annotated[
+        bool,
+        typer.Option("--upgrade-on-continue-as-new",
+                     help="Long runs move to the deployment's current build at their next continue-as-new"),
+    ] = False,
 ) -> None:
     """Run a worker serving the agents of a module (and every agent they reach).
 
@@ -380,11 +395,16 @@ async def worker(
     from relaykit.dev import run_worker
     from relaykit.loading import load_agents
 
+    from relaykit.versioning import deployment_config
+
     for one in target:  # a bad module fails before anything connects
         load_agents(one)
+    deployment_config(deployment, build_id)  # so does a bad deployment name
     client = await _client(address, namespace)
     await run_worker(
         target, client=client, task_queue=task_queue, on_signal=_stop_message(graceful_shutdown),
+        deployment=deployment, build_id=build_id,
+        upgrade_on_continue_as_new=upgrade_on_continue_as_new,
         **worker_options(tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown),
     )
     err_console.print("worker stopped")
@@ -574,7 +594,17 @@ async def result(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Wait for a run's result and print it."""
+    from relaykit.stuck import stuck
+
     handle = await _handle(run_id, address, namespace)
+    wedged = await stuck(handle.client, run_id)
+    if wedged is not None:  # waiting would never end
+        raise RelaykitError(
+            f"run {run_id} is stuck: its workflow task failed {wedged.attempts} times: "
+            f"{wedged.cause}",
+            hint="roll back the worker's code, or `temporal workflow reset` the run "
+            "(docs/deploy.md)",
+        )
     _print_result(await handle.result(), as_json)
 
 
@@ -789,23 +819,30 @@ async def watch(
 async def runs(
     status: Annotated[
         str | None,
-        typer.Option(help="running, waiting_approval, paused, completed, failed, cancelled, "
-                     "terminated or timed_out"),
+        typer.Option(help="open, running, waiting_approval, paused, completed, failed, "
+                     "cancelled, terminated or timed_out"),
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
     roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
     limit: Annotated[int, typer.Option(help="At most this many runs, newest first")] = 50,
+    only_stuck: Annotated[
+        bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
+    ] = False,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """List runs with their status, agent, age and tokens (from relaykit's search attributes)."""
+    """List runs with their status, agent, age, tokens and build (from relaykit's search
+    attributes); runs whose workflow task keeps failing are marked stuck."""
+    from relaykit.stuck import find_stuck
     from relaykit.watch import STATUS_FILTERS, list_runs, runs_table
 
     if status is not None and status not in STATUS_FILTERS:
         raise RelaykitError(
             f"unknown status {status!r}", hint="one of: " + ", ".join(STATUS_FILTERS)
         )
+    if only_stuck and status is None:
+        status = "open"
     client = await _client(address, namespace)
     try:
         rows = await list_runs(client, status=status, agent=agent, roots=roots, limit=limit)
@@ -815,12 +852,25 @@ async def runs(
             hint="relaykit's search attributes must be registered on the namespace "
             "(see relaykit/search_attributes.py)",
         ) from None
-    await _live_tokens(client, rows)
+    wedged = await find_stuck(client, [row.id for row in rows if row.status in LIVE_STATES])
+    for row in rows:
+        row.stuck = wedged[row.id].cause if row.id in wedged else None
+    if only_stuck:
+        rows = [row for row in rows if row.stuck is not None]
+    await _live_tokens(client, [row for row in rows if row.stuck is None])
     if as_json:
         print(json.dumps([row.to_json() for row in rows], indent=2))
         return
     if not rows:
-        err_console.print("no runs")
+        err_console.print("no stuck runs" if only_stuck else "no runs")
+        return
+    if only_stuck:
+        for row in rows:
+            print(f"{row.id}: {row.stuck}")
+        err_console.print(
+            "way out: roll back the worker's code, or `temporal workflow reset` each run "
+            "(docs/deploy.md)"
+        )
         return
     table = runs_table(rows)
     # Ids are what people copy into the next command: never shortened to fit the terminal.
@@ -846,6 +896,103 @@ async def _live_tokens(client: Client, rows: list[Any]) -> None:
         row.tokens = state.usage.total_tokens
 
     await asyncio.gather(*(refresh(row) for row in rows if row.status in LIVE_STATES))
+
+
+@app.command("replay-check")
+@command
+async def replay_check(
+    target: Annotated[
+        list[str], typer.Argument(help="MODULE or MODULE:ATTR, as for `relaykit worker`")
+    ],
+    task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
+    query: Annotated[
+        str | None,
+        typer.Option("--query", help="A Temporal list filter choosing the runs (default: the "
+                     "open AgentRun runs of --task-queue)"),
+    ] = None,
+    histories: Annotated[
+        Path | None,
+        typer.Option("--histories", help="A folder (or file) of history JSON as "
+                     "`temporal workflow show -o json` writes it, instead of the server"),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many runs")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Replay runs' histories against the agents and workflow code of MODULE, changing nothing
+    on the server: the check to run before every deploy. One line per failing or skipped run,
+    then a summary. Exit 0 when none failed, 1 when any did, 2 when the check could not run."""
+    from relaykit.loading import load_agents
+    from relaykit.replay_check import replay_check as check
+
+    try:
+        for one in target:
+            load_agents(one)
+        if histories is not None and not histories.exists():
+            raise RelaykitError(f"no such file or folder: {histories}")
+        client = await _client(address, namespace)
+        outcomes = await check(
+            client, target, task_queue=task_queue, query=query, histories=histories, limit=limit
+        )
+    except (RelaykitError, RPCError, OSError, ValueError) as exc:
+        message = exc.message if isinstance(exc, RPCError) else str(exc)
+        err_console.print(f"[red]error:[/red] replay check could not run: {message}", highlight=False)
+        raise typer.Exit(2) from None
+    for outcome in outcomes:
+        if outcome.outcome != "ok":
+            print(outcome.line())
+    counts = {kind: sum(o.outcome == kind for o in outcomes) for kind in ("ok", "failed", "skipped")}
+    replayed = counts["ok"] + counts["failed"]
+    print(f"replayed {replayed}, failed {counts['failed']}, skipped {counts['skipped']}")
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+deployment_app = typer.Typer(
+    help="Worker Deployment Versioning: which build new runs start on (docs/deploy.md).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(deployment_app, name="deployment")
+
+
+@deployment_app.command("set-current")
+@command
+async def deployment_set_current(
+    name: Annotated[str, typer.Argument(help="Deployment name")],
+    build_id: Annotated[str, typer.Argument(help="Build id that new runs start on")],
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Make BUILD_ID the current build of deployment NAME: new runs start there, runs already
+    pinned to another build stay on it."""
+    from relaykit.versioning import set_current_build
+
+    client = await _client(address, namespace)
+    await set_current_build(client, name, build_id)
+    print(f"deployment {name}: current build is now {build_id}")
+
+
+@deployment_app.command("status")
+@command
+async def deployment_status(
+    name: Annotated[str, typer.Argument(help="Deployment name")],
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """The builds of deployment NAME, which is current, and the open runs on each: a build
+    whose workers may stop has none."""
+    from relaykit.versioning import deployment_status as status_of
+
+    client = await _client(address, namespace)
+    status = await status_of(client, name)
+    if as_json:
+        print(json.dumps(status.to_json(), indent=2))
+        return
+    print(f"deployment {status.name}: current build {status.current_build or '(none)'}")
+    for build in status.builds:
+        print(f"  {build.build_id}  {build.status}  open runs: {build.open_runs}")
 
 
 @app.command("codec-server")

@@ -197,9 +197,13 @@ async def start_run(
     extra_instructions: str | None = None,
     context: dict[str, Any] | None = None,
     continue_as_new_after_turns: int | None = None,
+    output_retries: int | None = None,
     **start_options: Any,
 ) -> RunHandle:
-    """Start a run of ``agent`` (by name or object) and return its handle at once."""
+    """Start a run of ``agent`` (by name or object) and return its handle at once.
+
+    ``output_retries`` overrides ``Agent.output_retries`` (repairs of an invalid structured
+    answer) for every agent the run reaches."""
     name = agent.name if isinstance(agent, Agent) else agent
     prompt = input if isinstance(input, str) else (input[-1].content if input else "")
     handle = await client.start_workflow(
@@ -213,6 +217,7 @@ async def start_run(
             extra_instructions=extra_instructions,
             context=context or {},
             continue_as_new_after_turns=continue_as_new_after_turns,
+            output_retries=output_retries,
         ),
         id=id or new_run_id(name),
         task_queue=task_queue,

@@ -287,6 +287,12 @@ async def run_worker(
             f"worker on task queue [bold]{task_queue}[/bold] serving: "
             + ", ".join(sorted(served.graph.agents))
         )
+        if served.build is not None:
+            console.print(
+                f"deployment [bold]{served.build.deployment_name}[/bold], build "
+                f"[bold]{served.build.build_id}[/bold] (runs are pinned to their build; "
+                "`relaykit deployment set-current` sends new runs here)"
+            )
         await served.run_until_signalled(on_signal)
 
 

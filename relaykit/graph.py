@@ -36,7 +36,8 @@ def clone_name(agent: Agent) -> str:
 
 @dataclass
 class AgentGraph:
-    """Agents by name, function tools by name, handoffs by tool name (what the worker registers)."""
+    """Agents by name, function tools by name, handoffs by tool name (what the worker registers;
+    a handoff with ``on_handoff`` is there under its earlier name too, see ``Handoff.legacy_name``)."""
 
     agents: dict[str, Agent] = field(default_factory=dict)
     tools: dict[str, Tool] = field(default_factory=dict)
@@ -50,6 +51,10 @@ class AgentGraph:
     """Whether runs upsert relaykit's search attributes (set by the worker when the namespace
     has them registered; upserting an unregistered one would fail every workflow task). Only
     the runs this worker starts follow it: a run records the choice (``RunState.setup``)."""
+    upgrade_on_continue_as_new: bool = False
+    """A versioned worker's choice: a run that continues as new starts its next execution on the
+    deployment's current build instead of staying pinned (set by the worker). It only shapes
+    the continue-as-new command's options, which replay does not compare."""
 
     @classmethod
     def build(
@@ -138,6 +143,10 @@ class AgentGraph:
                 )
             if known_callback is None:
                 self.handoffs[handoff.tool_name] = handoff
+            # Runs started before lovia's names call on_handoff by the earlier name: the worker
+            # keeps that activity type registered too.
+            if handoff.legacy_name != handoff.tool_name and handoff.on_handoff is not None:
+                self.handoffs.setdefault(handoff.legacy_name, handoff)
             reached.append(handoff.target)
         self._add_mcp_servers(agent)
         if agent.subagents is not None:

@@ -11,8 +11,14 @@ Semantics (lovia's, see the docs):
   ``on_handoff`` runs; the switch happens after the turn's other tool results are complete;
 - the target sees the whole history; only the system prompt is rebuilt for it;
 - usage, budget, ``max_turns``, mailbox and approvals carry over: there is no nested run;
-- a handoff whose arguments are invalid (not a JSON object, ``reason`` not a string, unknown
-  keys) does not switch agents: the model gets an error result and may call it again.
+- arguments are read as lovia reads them: keys other than ``reason`` are ignored and a reason
+  of any JSON type is kept as text (a string as it is, anything else as its JSON); arguments
+  that are not a JSON object do not switch agents: the model gets an error result and may call
+  it again. (Runs started before this rule keep the strict one: ``parse_handoff_args(...,
+  lenient=False)``.)
+- the default tool name follows lovia's rule (:func:`relaykit.names.agent_tool_name`:
+  ``Billing Team`` gives ``transfer_to_billing_team``); the earlier name stays an alias
+  (``legacy_name``) that runs started before the rule keep using.
 
 ``on_handoff`` may do I/O (audit logs), so it runs as an activity named after the handoff tool.
 ``input_filter`` runs in workflow code and must be a pure function of its input; one that raises
@@ -21,10 +27,12 @@ or returns something other than messages ends the run with ``HandoffFilterFailed
 
 from __future__ import annotations
 
+import json
+
 from pydantic import ValidationError
 
-from relaykit.agent import Agent, Handoff
-from relaykit.messages import Message
+from relaykit.agent import Agent, AgentTool, Handoff, as_handoff
+from relaykit.messages import Message, ToolSpec
 from relaykit.model_output import parse_object
 from relaykit.tool_args import (
     HandoffArgs,
@@ -33,6 +41,7 @@ from relaykit.tool_args import (
     InputFilter,
     _StrictHandoffArgs,
 )
+from relaykit.tools import Tool
 
 __all__ = [
     "Handoff",
@@ -41,21 +50,33 @@ __all__ = [
     "HandoffInputData",
     "InputFilter",
     "as_handoff",
+    "find_tool",
     "for_context_rewrite",
+    "handoffs_by_name",
+    "own_tool_names",
+    "own_tool_specs",
     "parse_handoff_args",
     "remove_tool_calls",
 ]
 
 
-def parse_handoff_args(raw: str) -> tuple[HandoffArgs | None, str | None]:
+def parse_handoff_args(raw: str, *, lenient: bool = True) -> tuple[HandoffArgs | None, str | None]:
     """The model's handoff arguments, or why they are invalid (a sentence for the model).
 
-    Runs in workflow code, before anything switches: a handoff whose arguments the model got
-    wrong must not hand the conversation over as if they were right.
+    Runs in workflow code, before anything switches: a handoff whose arguments are not a JSON
+    object must not hand the conversation over as if they were right. ``lenient`` (lovia's
+    reading, the default) ignores other keys and keeps a reason of any JSON type as text, so a
+    model that adds ``"priority": "high"`` is still handed off; ``lenient=False`` is the strict
+    schema runs started before that rule were recorded with.
     """
     value, problem = parse_object(raw)
     if value is None:
         return None, problem
+    if lenient:
+        reason = value.get("reason")
+        if reason is None or isinstance(reason, str):
+            return HandoffArgs(reason=reason), None
+        return HandoffArgs(reason=json.dumps(reason, ensure_ascii=False)), None
     try:
         parsed = _StrictHandoffArgs.model_validate(value)
     except ValidationError as exc:
@@ -67,8 +88,52 @@ def parse_handoff_args(raw: str) -> tuple[HandoffArgs | None, str | None]:
     return HandoffArgs(reason=parsed.reason), None
 
 
-def as_handoff(entry: Agent | Handoff) -> Handoff:
-    return entry if isinstance(entry, Handoff) else Handoff(target=entry)
+# --- The names a run gives an agent's tools -----------------------------------------------------
+# A run uses lovia's names or, when it started before them, the earlier ones (``lovia_names``,
+# recorded once per run in ``RunSetup.lovia_tool_names``). A run on lovia's names still resolves
+# a call by the earlier name (a transcript recorded before may hold it); a run on the earlier
+# names resolves only those, as it did when it was recorded.
+
+
+def own_tool_specs(agent: Agent, lovia_names: bool) -> list[ToolSpec]:
+    """The agent's function tools, agent tools and handoffs, as the model sees them."""
+    specs = [
+        entry.spec_named(entry.run_name(lovia_names)) if isinstance(entry, AgentTool) else entry.spec
+        for entry in agent.tools
+    ]
+    specs.extend(
+        handoff.spec_named(handoff.run_name(lovia_names))
+        for handoff in map(as_handoff, agent.handoffs)
+    )
+    return specs
+
+
+def own_tool_names(agent: Agent, lovia_names: bool) -> set[str]:
+    """The names of :func:`own_tool_specs` (other tool sources avoid them)."""
+    return {spec.name for spec in own_tool_specs(agent, lovia_names)}
+
+
+def handoffs_by_name(agent: Agent, lovia_names: bool) -> dict[str, Handoff]:
+    """The agent's handoffs by the names a call may use in this run."""
+    handoffs = [as_handoff(entry) for entry in agent.handoffs]
+    found = {h.run_name(lovia_names): h for h in handoffs}
+    if lovia_names:
+        for h in handoffs:
+            found.setdefault(h.legacy_name, h)
+    return found
+
+
+def find_tool(agent: Agent, name: str, lovia_names: bool) -> Tool | AgentTool | None:
+    """The function tool or agent tool a call by ``name`` means in this run."""
+    for entry in agent.tools:
+        own = entry.run_name(lovia_names) if isinstance(entry, AgentTool) else entry.name
+        if own == name:
+            return entry
+    if lovia_names:
+        for entry in agent.tools:
+            if isinstance(entry, AgentTool) and entry.legacy_name == name:
+                return entry
+    return None
 
 
 # --- Ready-made input filters -------------------------------------------------------------------

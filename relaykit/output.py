@@ -2,16 +2,38 @@
 
 Providers want an object at the root of an output schema, so other types (``list[str]``, ``int``)
 are wrapped as ``{"result": …}`` on the way out and unwrapped on the way back.
+
+The schema reaches the model twice: as ``response_format`` (which several OpenAI-compatible
+servers ignore) and, as lovia states it, briefly at the end of the system prompt
+(:meth:`OutputType.instructions`), so a model behind any server sees it. An answer that does not
+validate gets ``output_retries`` repair requests (lovia's default: one), then the run fails
+with ``OutputValidationFailed`` (:func:`repairs_allowed`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from relaykit.messages import OutputSpec
+
+DEFAULT_OUTPUT_RETRIES = 1
+"""lovia's: one repair request after an invalid structured answer."""
+LEGACY_OUTPUT_RETRIES = 2
+"""What runs started before ``output_retries`` existed keep."""
+
+
+def repairs_allowed(setting_recorded: bool, run_override: int | None, agent_setting: int) -> int:
+    """How many repair requests a run gives an agent's invalid structured answers: the run's
+    override, else the agent's ``output_retries``; a run recorded before the setting existed
+    keeps the two it started with."""
+    if not setting_recorded:
+        return LEGACY_OUTPUT_RETRIES
+    return agent_setting if run_override is None else run_override
+
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
@@ -32,6 +54,16 @@ class OutputType:
         self.schema = schema
         name = getattr(tp, "__name__", None) or "final_output"
         self.name = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
+
+    def instructions(self) -> str:
+        """The system prompt's statement of the schema (short: the schema itself is the bulk)."""
+        schema = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
+        return (
+            "## Output format\n"
+            "Your final answer must be only a JSON document that matches this JSON Schema, "
+            "with no text or code fences around it (call tools first if you need to):\n"
+            f"{schema}"
+        )
 
     @property
     def spec(self) -> OutputSpec:

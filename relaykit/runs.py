@@ -160,6 +160,20 @@ class RunSetup(BaseModel):
     """Whether the run upserts relaykit's search attributes."""
     event_groups: bool = False
     """Whether each turn's commands carry an event group for the Temporal UI."""
+    # lovia's semantics (issue 25). Each is ``False`` for runs started before it, which keep the
+    # behaviour they began with, also across continue-as-new (relaykit.workflows.semantics).
+    lovia_tool_names: bool = False
+    """Handoff and agent-tool names follow lovia's rule (``transfer_to_billing_team``), not the
+    earlier one (``transfer_to_billing_team_40edd973``)."""
+    lenient_handoff_args: bool = False
+    """Handoff arguments may carry other keys and a reason of any JSON type."""
+    output_retries_setting: bool = False
+    """Repairs of an invalid structured answer follow ``output_retries`` (default one), not
+    the earlier fixed two."""
+    output_schema_in_prompt: bool = False
+    """The output schema is also stated in the system prompt."""
+    handoff_in_request_order: bool = False
+    """A turn's calls run in request order around its handoff, not the handoff last."""
 class RepeatedCall(BaseModel):
     """One distinct tool call (name and canonical arguments) the loop guard has seen."""
 
@@ -257,6 +271,9 @@ class RunInput(BaseModel):
     """Continue as new after this many turns in one workflow run (besides when Temporal suggests
     it or the history passes ``continue_as_new_after_events``)."""
     continue_as_new_after_events: int = 10_000
+    output_retries: int | None = Field(None, ge=0)
+    """Repair requests after an invalid structured answer, for every agent the run reaches
+    (``None``: each agent's ``Agent.output_retries``)."""
 
 
 class RunResult(BaseModel):

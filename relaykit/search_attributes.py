@@ -149,3 +149,19 @@ async def ensure_registered(
             AddSearchAttributesRequest(search_attributes=missing, namespace=ns)
         )
     return list(missing)
+
+
+async def registered(client: Any) -> bool:
+    """Whether the client's namespace has all of relaykit's search attributes. Upserting an
+    unregistered one fails every workflow task, so workers (and the replay check, which must
+    replay as they would) let runs upsert them only then."""
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    try:
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+    except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
+        return False
+    known = set(response.custom_attributes)
+    return all(key.name in known for key in ALL)

@@ -32,6 +32,7 @@ from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STAT
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
 from relaykit.runs import AGENT_RUN_WORKFLOW
+from relaykit.versioning import run_build
 
 MAX_LOG_LINES = 8
 MAX_TOOL_ROWS = 12
@@ -293,6 +294,7 @@ async def watch_run(
 # --- relaykit runs ----------------------------------------------------------------------------
 
 STATUS_FILTERS: dict[str, str] = {
+    "open": "ExecutionStatus = 'Running'",
     "running": "RelayStatus = 'running' AND ExecutionStatus = 'Running'",
     "waiting_approval": "RelayStatus = 'waiting_approval' AND ExecutionStatus = 'Running'",
     "paused": "RelayStatus = 'paused' AND ExecutionStatus = 'Running'",
@@ -327,6 +329,10 @@ class RunRow:
     started: datetime | None
     tokens: int | None
     parent: str | None
+    build: str | None = None
+    """Build id of the worker deployment version serving the run's current execution."""
+    stuck: str | None = None
+    """Why its workflow task keeps failing (:mod:`relaykit.stuck`), when it does."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -336,6 +342,8 @@ class RunRow:
             "started": self.started.isoformat() if self.started else None,
             "tokens": self.tokens,
             "parent": self.parent,
+            "build_id": self.build,
+            "stuck": self.stuck,
         }
 
 
@@ -360,6 +368,7 @@ def _row(execution: WorkflowExecution) -> RunRow:
         started=execution.start_time,
         tokens=attrs.get(RELAY_TOKENS),
         parent=attrs.get(RELAY_PARENT_RUN) or execution.parent_id,
+        build=(run_build(execution) or (None, None))[1],
     )
 
 
@@ -390,10 +399,11 @@ def age(started: datetime | None, now: datetime | None = None) -> str:
 def runs_table(rows: list[RunRow]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column, justify in (("RUN", "left"), ("STATUS", "left"), ("AGENT", "left"),
-                            ("AGE", "right"), ("TOKENS", "right")):
+                            ("AGE", "right"), ("TOKENS", "right"), ("BUILD", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         name = row.id if row.parent is None else f"  {row.id}"
-        table.add_row(escape(name), row.status, escape(row.agent), age(row.started),
-                      "" if row.tokens is None else f"{row.tokens:,}")
+        status = row.status if row.stuck is None else f"{row.status} (stuck)"
+        table.add_row(escape(name), status, escape(row.agent), age(row.started),
+                      "" if row.tokens is None else f"{row.tokens:,}", escape(row.build or ""))
     return table

@@ -26,11 +26,12 @@ from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.models.spec import ModelSpec, parse_model
-from relaykit.search_attributes import ALL as RELAY_SEARCH_ATTRIBUTES
+from relaykit.search_attributes import registered as search_attributes_registered
 from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
 from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors
 from relaykit.tools import MAX_OFFLOADED_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES
+from relaykit.versioning import deployment_config
 from relaykit.transcripts import TranscriptStore
 from relaykit.workflows.agent_run import AgentRun
 
@@ -83,6 +84,12 @@ class Worker:
     Temporal server, where clients watching the run read it (:mod:`relaykit.streaming`): lower
     is livelier, and costs one heartbeat RPC per interval per streaming call, no history.
 
+    ``deployment`` and ``build_id`` (default ``RELAYKIT_DEPLOYMENT`` and ``RELAYKIT_BUILD_ID``)
+    make this a versioned worker of Temporal's Worker Deployment Versioning: runs it starts are
+    pinned to its build until they end, and the worker does not make its build current by
+    itself (:mod:`relaykit.versioning`, docs/deploy.md). ``upgrade_on_continue_as_new`` moves
+    long runs to the deployment's current build at their next continue-as-new.
+
     ``tool_threads`` sizes the pool sync tools run on; the worker owns it, and nothing else
     uses it, so hung tools can stall only other sync tools, never model calls or the transcript
     store. ``sticky_queue_schedule_to_start_timeout`` (default :data:`DEFAULT_STICKY_TIMEOUT`),
@@ -111,6 +118,9 @@ class Worker:
         sticky_queue_schedule_to_start_timeout: timedelta = DEFAULT_STICKY_TIMEOUT,
         max_concurrent_activities: int | None = None,
         graceful_shutdown_timeout: timedelta | None = None,
+        deployment: str | None = None,
+        build_id: str | None = None,
+        upgrade_on_continue_as_new: bool = False,
         **worker_options: Any,
     ) -> None:
         if tool_threads < 1:
@@ -151,6 +161,12 @@ class Worker:
         )
         if max_concurrent_activities is not None:
             worker_options["max_concurrent_activities"] = max_concurrent_activities
+        versioned = deployment_config(deployment, build_id)
+        if versioned is not None:
+            worker_options["deployment_config"] = versioned
+        self.build = versioned.version if versioned is not None else None
+        """The deployment version this worker serves, or ``None`` when unversioned."""
+        self.graph.upgrade_on_continue_as_new = upgrade_on_continue_as_new and versioned is not None
         if graceful_shutdown_timeout is not None:
             worker_options["graceful_shutdown_timeout"] = graceful_shutdown_timeout
         self._options = worker_options
@@ -161,25 +177,11 @@ class Worker:
         """The worker's MCP sessions (:class:`relaykit.activities.mcp_activities.MCPSessions`)."""
         self._worker: TemporalWorker | None = None
 
-    async def _search_attributes_registered(self) -> bool:
-        """Upserting an unregistered search attribute fails every workflow task, so runs only
-        upsert relaykit's attributes when the namespace has them."""
-        from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-
-        try:
-            response = await self.client.operator_service.list_search_attributes(
-                ListSearchAttributesRequest(namespace=self.client.namespace)
-            )
-        except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
-            return False
-        known = set(response.custom_attributes)
-        return all(key.name in known for key in RELAY_SEARCH_ATTRIBUTES)
-
     async def _build(self) -> TemporalWorker:
         if self._worker is not None:
             return self._worker
         if self._search_attributes is None:
-            self.graph.search_attributes = await self._search_attributes_registered()
+            self.graph.search_attributes = await search_attributes_registered(self.client)
         else:
             self.graph.search_attributes = self._search_attributes
         if any(
@@ -201,8 +203,8 @@ class Worker:
             tool_activity(t, executor, self.max_tool_result_bytes) for t in self.graph.tools.values()
         )
         activities.extend(
-            handoff_activity(h, executor)
-            for h in self.graph.handoffs.values()
+            handoff_activity(h, executor, name=name)
+            for name, h in self.graph.handoffs.items()
             if h.on_handoff is not None
         )
         activities.extend(self._activities)

@@ -4,7 +4,8 @@ task queue, as an operator's deploy does (``python -m relaykit.cli worker tests.
 
 v2 changes what docs/replay.md calls safe: the lead's instructions and the schema of its
 ``lookup`` tool (a new optional parameter). The lead has subagents, whose built-in tools are
-part of every request's unchanging part too.
+part of every request's unchanging part too. v3 breaks runs that called ``lookup``: it renames
+the tool (its activity type).
 
 The model and tool log come from the same variables as :mod:`tests.crash_agents`
 (``CRASH_MODEL_URL``, ``CRASH_MODEL_NAME``, ``CRASH_TOOL_LOG``).
@@ -37,6 +38,18 @@ if VERSION == "1":
         """
         _record(f"lookup v1 {q}")
         return f"v1 found {q}"
+
+elif VERSION == "3":  # a breaking change: the tool runs had called is renamed
+
+    @tool(name="find")
+    def lookup(q: str) -> str:  # type: ignore[misc]
+        """Find something.
+
+        Args:
+            q: What to find.
+        """
+        _record(f"find v3 {q}")
+        return f"v3 found {q}"
 
 else:
 

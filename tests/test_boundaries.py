@@ -263,9 +263,11 @@ async def test_an_output_validator_raising_any_exception_sends_the_answer_back_f
 # --- handoffs -----------------------------------------------------------------------------------
 
 
-async def test_handoff_with_malformed_or_mistyped_arguments_does_not_switch_agents(
+async def test_handoff_whose_arguments_are_not_a_json_object_does_not_switch_agents(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
+    # Cut-off JSON and a JSON array are error results the model reads; no callback, no switch.
+    # (Extra keys and a non-string reason are accepted, as lovia does: test_lovia_semantics.)
     audited: list[str] = []
     billing = Agent(name="billing_b", model=scripted_model(model_server))
     triage_model = scripted_model(model_server)
@@ -275,8 +277,7 @@ async def test_handoff_with_malformed_or_mistyped_arguments_does_not_switch_agen
     ])
     model_server.script(triage_model.name, [
         call("transfer_to_billing", raw_arguments='{"reason": "double charge"'),
-        call("transfer_to_billing", reason=5),
-        call("transfer_to_billing", reason="ok", priority="high"),
+        call("transfer_to_billing", raw_arguments='["double charge"]'),
         text("I will handle it myself."),
     ])
     async with serving(client, triage) as worker:
@@ -291,7 +292,7 @@ async def test_handoff_with_malformed_or_mistyped_arguments_does_not_switch_agen
     results = last.tool_results
     assert all(r.startswith("Error") or "did not happen" in r for r in results)
     assert "not valid JSON" in results[0]
-    assert "reason" in results[1] and "priority" in results[2]
+    assert "JSON object" in results[1]
     for sent in sent_calls(last):
         assert isinstance(json.loads(sent["function"]["arguments"]), dict)
 

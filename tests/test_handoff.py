@@ -282,11 +282,11 @@ async def test_second_handoff_in_same_turn_is_rejected_before_its_on_handoff_run
     assert model_server.requests(model_name(billing))[0].tool_results[1].startswith("Error")
 
 
-async def test_handoff_is_a_barrier_after_the_turns_other_calls_and_switches_at_turn_end(
+async def test_handoff_runs_in_request_order_among_the_turns_calls_and_switches_at_turn_end(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
-    # Even when listed first, the handoff waits for the turn's other calls; results keep call
-    # order, and only the next model call goes to the target.
+    # lovia's order: a handoff listed first runs (its on_handoff) before the call after it,
+    # alone; results keep call order, and only the next model call goes to the target.
     order: list[str] = []
 
     @tool
@@ -310,7 +310,7 @@ async def test_handoff_is_a_barrier_after_the_turns_other_calls_and_switches_at_
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund please", task_queue=worker.task_queue)
         result = await handle.result()
-    assert order == ["tool", "handoff"]
+    assert order == ["handoff", "tool"]
     events = await history_events(handle.workflow)
     ids = {}
     for e in events:
@@ -320,8 +320,8 @@ async def test_handoff_is_a_barrier_after_the_turns_other_calls_and_switches_at_
         ids[e.activity_task_completed_event_attributes.scheduled_event_id]: e.event_id
         for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
     }
-    handoff_scheduled = next(i for i, name in ids.items() if name == "transfer_to_billing")
-    assert completed["check_account"] < handoff_scheduled
+    tool_scheduled = next(i for i, name in ids.items() if name == "check_account")
+    assert completed["transfer_to_billing"] < tool_scheduled
     assert [m.name for m in result.transcript if m.role == "tool"] == [
         "transfer_to_billing", "check_account",
     ]
@@ -484,9 +484,11 @@ async def test_run_level_output_type_follows_the_run_across_handoffs(
     assert outcome == {"output": {"queue": "billing", "summary": "double charge"},
                        "final_agent": "override_billing"}
     triage_request, billing_request = model_server.requests(model.name)
-    assert (triage_request.system, billing_request.system) == ("You route.", "You handle billing.")
+    assert triage_request.system.startswith("You route.\n\n## Output format")
+    assert billing_request.system.startswith("You handle billing.\n\n## Output format")
     for request in (triage_request, billing_request):
         assert request.body["response_format"]["json_schema"]["schema"]["required"] == ["queue", "summary"]
+        assert '"title":"Ticket"' in request.system  # the run's type is the one stated
 
 
 # --- on_handoff and input_filter ----------------------------------------------------------------

@@ -89,9 +89,13 @@ def bounded_application_error(exc: ApplicationError) -> ApplicationError:
 
 
 def handoff_activity(
-    handoff: Handoff, executor: concurrent.futures.Executor | None = None
+    handoff: Handoff,
+    executor: concurrent.futures.Executor | None = None,
+    *,
+    name: str | None = None,
 ) -> Callable[..., Any]:
-    """The activity that runs ``on_handoff`` (named after the handoff tool)."""
+    """The activity that runs ``on_handoff``, named after the handoff tool (``name``: another
+    name of it, e.g. the one runs started before lovia's names use)."""
     callback = handoff.on_handoff
     assert callback is not None
 
@@ -115,5 +119,6 @@ def handoff_activity(
             ) from None
         return {"handoff": f"{data.source} → {data.target}"}
 
-    run_callback.__name__ = f"on_{handoff.tool_name}"
-    return activity.defn(name=handoff.tool_name)(run_callback)
+    activity_name = name or handoff.tool_name
+    run_callback.__name__ = f"on_{activity_name}"
+    return activity.defn(name=activity_name)(run_callback)

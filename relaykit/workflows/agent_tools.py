@@ -80,14 +80,15 @@ class ChildIds:
 class AgentToolKind(ToolKind):
     """One agent tool of one agent."""
 
-    def __init__(self, run: Run, entry: AgentTool, ids: ChildIds) -> None:
+    def __init__(self, run: Run, entry: AgentTool, ids: ChildIds, name: str) -> None:
         self.run = run
         self.entry = entry
         self.ids = ids
-        self.name = entry.name
+        self.name = name
+        """The name this run uses (lovia's, or the earlier one; ``entry.name`` in messages)."""
 
     def spec(self) -> ToolSpec:
-        return self.entry.spec
+        return self.entry.spec_named(self.name)
 
     def call_event(self, call: ToolCall) -> dict[str, str]:
         # [observability] the call names its child run, so watchers can follow it

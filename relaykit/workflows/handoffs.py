@@ -41,19 +41,27 @@ class HandoffTool(ToolKind):
     barrier = True
     guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
 
-    def __init__(self, run: Run, agent: str, handoff: Handoff) -> None:
+    def __init__(self, run: Run, agent: str, handoff: Handoff, name: str, run_name: str) -> None:
         self.run = run
         self.agent = agent
         self.handoff = handoff
-        self.name = handoff.tool_name
+        self.name = name
+        """The name a call uses: the run's, or an earlier one that still resolves."""
+        self.run_name = run_name
+        """The name this run uses (lovia's, or the earlier one a run started before it
+        recorded): what the model is shown, and the ``on_handoff`` activity's type."""
 
     def spec(self) -> ToolSpec:
-        return self.handoff.spec
+        return self.handoff.spec_named(self.run_name)
 
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         """The handoff's arguments, or the error result for invalid ones (a handoff the model
         got wrong does not switch agents: the model reads why and may call it again)."""
-        args, problem = parse_handoff_args(call.arguments)
+        # [lovia semantics] extra keys ignored, any JSON reason kept as text (runs recorded
+        # before: the strict schema)
+        args, problem = parse_handoff_args(
+            call.arguments, lenient=self.run.setup_flag("lenient_handoff_args")
+        )
         if args is not None:
             return Prepared(call, args)
         if not workflow.patched(PATCH_BAD_ARGUMENTS):  # recorded when any handoff switched
@@ -70,7 +78,7 @@ class HandoffTool(ToolKind):
         if handoff.on_handoff is not None:
             try:
                 await workflow.execute_activity(
-                    handoff.tool_name,
+                    self.run_name,  # [lovia] the name as the run recorded it
                     HandoffCallbackInput(
                         source=self.agent,
                         target=handoff.target.name,

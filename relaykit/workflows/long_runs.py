@@ -47,7 +47,12 @@ async def maybe_continue_as_new(run: Run, turns_this_run: int) -> None:
     state.event_offset += len(state.events) - len(kept)
     state.events = kept
     state.runs += 1
-    workflow.continue_as_new(run.input.model_copy(update={"state": state}))
+    upgrade = (  # versioned workers only: the next execution starts on the current build
+        {"initial_versioning_behavior": workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE}
+        if run.graph.upgrade_on_continue_as_new
+        else {}
+    )
+    workflow.continue_as_new(run.input.model_copy(update={"state": state}), **upgrade)
 
 
 def compaction_due(run: Run, last_input_tokens: int) -> Any:

@@ -32,7 +32,7 @@ from relaykit.graph import AgentGraph
 from relaykit.handoff import Handoff
 from relaykit.messages import Message, ModelResponse
 from relaykit.models.spec import ModelRequest
-from relaykit.output import OutputType
+from relaykit.output import OutputType, repairs_allowed
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     MODEL_ACTIVITY,
@@ -50,7 +50,6 @@ from relaykit.workflows.tool_path import ToolPath
 
 __all__ = ["AGENT_RUN_WORKFLOW", "MODEL_ACTIVITY", "TurnLoop", "run_agent"]
 
-MAX_OUTPUT_RETRIES = 2
 
 
 class TurnLoop:
@@ -276,10 +275,16 @@ class TurnLoop:
             return True, output_type.dump(output_type.parse(text))
         except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
             self.state.output_retries += 1
-            if self.state.output_retries > MAX_OUTPUT_RETRIES:
+            # [lovia semantics] Agent.output_retries / RunInput.output_retries (was: always 2)
+            allowed = repairs_allowed(
+                self.setup_flag("output_retries_setting"),
+                self.input.output_retries,
+                agent.output_retries,
+            )
+            if self.state.output_retries > allowed:
                 self.run_state.fail(
                     f"the final answer of {agent.name!r} did not match its output type after "
-                    f"{MAX_OUTPUT_RETRIES} retries: {exc}",
+                    f"{allowed} {'repair' if allowed == 1 else 'repairs'}: {exc}",
                     errors.OUTPUT_VALIDATION_FAILED,
                 )
             self.state.transcript.append(
@@ -337,6 +342,7 @@ async def run_agent(
     output_type: Any = None,
     extra_instructions: str | None = None,
     context: dict[str, Any] | None = None,
+    output_retries: int | None = None,
 ) -> RunResult:
     """Run ``agent`` to its end from inside any Temporal workflow.
 
@@ -359,6 +365,7 @@ async def run_agent(
             budget=budget,
             extra_instructions=extra_instructions,
             context=context or {},
+            output_retries=output_retries,  # [lovia semantics] run-level repair count
         ),
         output_type=output_type,
     )

@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from relaykit import errors
 from relaykit.agent import Agent
-from relaykit.handoff import as_handoff
+from relaykit.handoff import own_tool_names
 from relaykit.mcp import (
     MCPCallRequest,
     MCPListing,
@@ -78,13 +78,13 @@ class MCPTools:
                 errors.MCP_SERVER_UNAVAILABLE,
             )
 
-    def entries(self, agent: Agent) -> dict[str, MCPToolEntry]:
-        """The agent's MCP tools by the name the model sees."""
+    def entries(self, agent: Agent, lovia_names: bool = True) -> dict[str, MCPToolEntry]:
+        """The agent's MCP tools by the name the model sees. ``lovia_names``: the handoff and
+        agent-tool names the run uses (``RunSetup.lovia_tool_names``; outside a run, today's)."""
         known = self._entries.get(agent.name)
         if known is not None:
             return known
-        taken = {entry.name for entry in agent.tools}
-        taken.update(as_handoff(h).tool_name for h in agent.handoffs)
+        taken = own_tool_names(agent, lovia_names)
         if agent.subagents is not None:
             taken.update(SUBAGENT_TOOLS)
         entries: dict[str, MCPToolEntry] = {}
@@ -103,7 +103,8 @@ class MCPTools:
     def kinds(self, run: Run, agent: Agent) -> list[MCPTool]:
         if not self.servers(agent):
             return []
-        return [MCPTool(run, agent.name, entry) for entry in self.entries(agent).values()]
+        entries = self.entries(agent, run.setup_flag("lovia_tool_names"))
+        return [MCPTool(run, agent.name, entry) for entry in entries.values()]
 
 
 class MCPTool(ToolKind):

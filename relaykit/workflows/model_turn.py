@@ -38,7 +38,9 @@ MODEL_RETRY = RetryPolicy(
 )
 
 
-def system_prompt(run: Run, tasks: SubagentTasks, agent: Agent) -> str:
+def system_prompt(
+    run: Run, tasks: SubagentTasks, agent: Agent, output: OutputType | None = None
+) -> str:
     ctx = RunContext(
         agent=agent.name,
         turn=run.state.turn,
@@ -49,6 +51,9 @@ def system_prompt(run: Run, tasks: SubagentTasks, agent: Agent) -> str:
     parts = [agent.render_instructions(ctx), tasks.instructions(agent) or ""]
     if run.input.extra_instructions:
         parts.append(run.input.extra_instructions)
+    # [lovia semantics] the schema also in the prompt: some servers ignore response_format
+    if output is not None and run.setup_flag("output_schema_in_prompt"):
+        parts.append(output.instructions())
     return "\n\n".join(part for part in parts if part)
 
 
@@ -76,7 +81,7 @@ def build_request(
         )
     request = ModelRequest(
         model=run.graph.model_for(agent),
-        system=system_prompt(run, tasks, agent),
+        system=system_prompt(run, tasks, agent, output),
         messages=payload.messages,
         base_ref=payload.base_ref,
         base_count=payload.base_count,

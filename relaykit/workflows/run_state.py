@@ -30,6 +30,7 @@ from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.context import ContextTransport
+from relaykit.workflows.semantics import recorded_semantics
 
 # Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
 # consulted when the change applies (a marker lands in history only then).
@@ -67,7 +68,7 @@ class Run:
         """A recorded choice of :class:`relaykit.runs.RunSetup` (the worker's configuration
         before it is recorded)."""
         source: Any = self.state.setup if self.state.setup is not None else self.graph
-        return bool(getattr(source, name))
+        return bool(getattr(source, name, False))
 
     def record_setup(self) -> None:
         """Decide, once per run, what depends on the worker's configuration and changes the
@@ -87,6 +88,7 @@ class Run:
                 PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes
             ),
             event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
+            **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
         )
 
     # --- events and status ----------------------------------------------------------------------

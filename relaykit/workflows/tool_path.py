@@ -8,15 +8,17 @@ the subagent tools, handoffs):
    not a JSON object recorded as such (:mod:`relaykit.model_output`);
 2. **preflight**, in call order, before any call starts: the ``tool_call`` event, the
    argument check, the approval order of the turn (:meth:`Approvals.gates`); a *barrier* kind
-   (a handoff) is checked here (loop guard, arguments) and the first valid one is kept for
-   the end, a second one rejected unrun;
+   (a handoff) is checked here (loop guard, arguments) and the first valid one is kept, a
+   second one rejected unrun;
 3. **execute**, the other calls concurrently (activities, child workflows), each after the
    approval decision it waits for: unknown tool, loop guard
    (:mod:`relaykit.workflows.loop_guard`), the kind's own argument check
    (:meth:`ToolKind.prepare`), a person's decision when the kind says one is needed, then the
    kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget;
-4. the barrier runs; the results are returned in call order, each with its ``tool_result``
-   event, and the turn loop puts them in the transcript and makes the handoff's switch.
+4. the barrier runs alone, in request order (lovia's: after the calls before it, before the
+   calls after it; in runs recorded before that rule, after all of them); the results are
+   returned in call order, each with its ``tool_result`` event, and the turn loop puts them in
+   the transcript and makes the handoff's switch.
 
 A new kind of tool is one module implementing :class:`ToolKind`, listed in :meth:`_build`.
 
@@ -90,13 +92,25 @@ class ToolPath:
 
     def _build(self, agent: Agent) -> AgentTools:
         run = self.run
+        lovia_names = run.setup_flag("lovia_tool_names")  # [lovia semantics] names, aliases
         kinds: list[ToolKind] = []
+        aliases: list[ToolKind] = []
         for entry in agent.tools:
             if isinstance(entry, AgentTool):
-                kinds.append(AgentToolKind(run, entry, self.child_ids))
+                kinds.append(AgentToolKind(run, entry, self.child_ids, entry.run_name(lovia_names)))
+                if lovia_names and entry.legacy_name != entry.name:  # a call recorded before
+                    aliases.append(AgentToolKind(run, entry, self.child_ids, entry.legacy_name))
             elif isinstance(entry, Tool):
                 kinds.append(FunctionTool(run, agent.name, entry))
-        handoffs: list[ToolKind] = [HandoffTool(run, agent.name, as_handoff(h)) for h in agent.handoffs]
+        handoffs: list[ToolKind] = []
+        handoff_aliases: list[ToolKind] = []
+        for handoff in map(as_handoff, agent.handoffs):
+            own = handoff.run_name(lovia_names)
+            handoffs.append(HandoffTool(run, agent.name, handoff, own, own))
+            if lovia_names and handoff.legacy_name != own:
+                handoff_aliases.append(
+                    HandoffTool(run, agent.name, handoff, handoff.legacy_name, own)
+                )
         subagents: list[ToolKind] = []
         if agent.subagents is not None:
             shown = {spec.name: spec for spec in self.tasks.tool_specs(agent)}
@@ -109,9 +123,15 @@ class ToolPath:
             spec = kind.spec()
             if spec is not None:
                 table.specs.append(spec)
-        # Which kind answers a name: a handoff first, then function and agent tools, the
-        # subagent tools, MCP tools (whose names avoid all the others).
-        for kind in [*mcp, *subagents, *kinds, *handoffs]:
+        # Which kind answers a name (a later one wins): MCP tools (whose names avoid all the
+        # others), the subagent tools, agent tools by the name an earlier run used, function and
+        # agent tools, handoffs by their earlier name, handoffs.
+        for kind in [*mcp, *subagents, *aliases, *kinds]:
+            table.kinds[kind.name] = kind
+        for kind in handoff_aliases:  # never in place of another handoff's own name
+            if not (kind.name in table.kinds and table.kinds[kind.name].barrier):
+                table.kinds[kind.name] = kind
+        for kind in handoffs:
             table.kinds[kind.name] = kind
         return table
 
@@ -155,6 +175,7 @@ class ToolPath:
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
         barrier: tuple[int, ToolCall, ToolKind, Prepared] | None = None
+        before = None  # [lovia semantics] concurrent[:before] run before the barrier
         gates = self.approvals.gates(agent, calls, lambda call: self._approval_hint(table, call))
         for index, call in enumerate(calls):
             kind = table.kinds.get(call.name)
@@ -172,17 +193,24 @@ class ToolPath:
                     results[index] = outcome
                 else:
                     barrier = (index, call, kind, outcome)
+                    if run.setup_flag("handoff_in_request_order"):
+                        before = len(concurrent)
                 continue
             wait_for, decided = gates[index]
             concurrent.append((index, self._gated(agent, table, kind, call, wait_for, decided)))
-        outcomes = await asyncio.gather(*(coro for _, coro in concurrent))
-        for (index, _), outcome in zip(concurrent, outcomes):
+        # [lovia semantics] request order: the calls before the handoff, then the handoff alone
+        # (a barrier), then the calls after it; runs recorded before run the handoff last.
+        earlier = concurrent[:before] if before is not None else concurrent
+        later = concurrent[before:] if before is not None else []
+        for (index, _), outcome in zip(earlier, await asyncio.gather(*(c for _, c in earlier))):
             results[index] = outcome
         switch = None
         if barrier is not None:
             index, call, kind, prepared = barrier
             message, switch = await self._run_prepared(agent, kind, prepared)
             results[index] = message
+        for (index, _), outcome in zip(later, await asyncio.gather(*(c for _, c in later))):
+            results[index] = outcome
         done: list[Message] = []
         for message in results:
             assert message is not None

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relaykit import Agent, ModelSpec, Subagents, tool
+from pydantic import BaseModel
+
+from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, ModelSpec, Subagents, tool
 from relaykit.graph import AgentGraph
 
 MODEL_NAME = "replay-model"
@@ -79,6 +81,43 @@ guarded = Agent(
 a repeated ``add`` was refused (so the history holds the ``relaykit-loop-guard`` marker)."""
 
 
+class Resolution(BaseModel):
+    """The structured answer of ``Billing Team`` (recorded with two repairs)."""
+
+    queue: str
+    refunded: bool
+
+
+def audit_handoff(args: HandoffArgs, data: HandoffCallbackInput) -> None:
+    """An ``on_handoff`` callback: its activity is named after the handoff tool."""
+
+
+@tool
+def check_account(email: str) -> str:
+    """Check an account.
+
+    Args:
+        email: The customer's e-mail address.
+    """
+    return f"{email}: two charges of 42 EUR"
+
+
+billing_team = Agent(
+    name="Billing Team",
+    instructions="Resolve billing questions.",
+    output_type=Resolution,
+)
+lovia_triage = Agent(
+    name="lovia_triage",
+    instructions="Route the customer.",
+    tools=[check_account],
+    handoffs=[Handoff(billing_team, on_handoff=audit_handoff)],
+)
+"""Recorded before lovia's semantics (issue 25): the handoff's tool is
+``transfer_to_billing_team_40edd973``, a handoff with an extra key is refused, the handoff runs
+after the turn's other call, and an invalid structured answer gets two repairs."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recorded run: its history file, workflow id, task queue and root agent."""
@@ -103,6 +142,7 @@ SCENARIOS = [
     Scenario("approval", "replay-approval", refunder, "Refund 30 EUR on order A1, and 5 on B2."),
     Scenario("boundaries", "replay-boundaries", refunder, "Refund A1 and B2, then C3."),
     Scenario("guard_kinds", "replay-guard-kinds", guarded, "Cancel task-9 twice, add 1 and 1 twice."),
+    Scenario("before_lovia", "replay-before-lovia", lovia_triage, "I was charged twice."),
 ]
 
 

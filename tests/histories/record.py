@@ -9,8 +9,9 @@ unchanged, behind ``workflow.patched``)::
 
 It starts its own in-memory Temporal dev server and scripted model server, runs the scenarios
 of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by update and
-once by signal, and a turn with a repeated call id, cut-off arguments and approvals in request
-order, and repeated calls of two kinds under the loop guard) with fixed workflow ids and task queues, and writes each history to
+once by signal, a turn with a repeated call id, cut-off arguments and approvals in request
+order, a run before lovia's semantics, and repeated calls of two kinds under the loop guard)
+with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
 
@@ -69,6 +70,18 @@ SCRIPTS: dict[str, list[Step]] = {
         call("add", id="call_add_1", a=1, b=1),
         call("add", id="call_add_2", a=1, b=1),
         text("2"),
+    ],
+    # Recorded before lovia's semantics (issue 25): earlier tool names, strict handoff
+    # arguments, the handoff after the turn's other calls, two repairs of structured output.
+    "before_lovia": [
+        call("transfer_to_billing_team_40edd973", id="call_h1", reason="refund", priority="high"),
+        batch(
+            call("transfer_to_billing_team_40edd973", id="call_h2", reason="double charge"),
+            call("check_account", id="call_check", email="a@b.c"),
+        ),
+        text("refunded"),
+        text('{"queue": "billing"}'),
+        text('{"queue": "billing", "refunded": true}'),
     ],
 }
 

@@ -1,0 +1,110 @@
+"""Wedged runs: open runs whose workflow task keeps failing.
+
+A run wedges when the code serving it cannot replay its history (a deploy that changed what a
+run had decided) or raises in workflow code. Temporal then retries the workflow task forever;
+the run looks "running" or "waiting for approval" in every list, and its queries fail. Temporal
+tells it apart only in the run's description (the pending workflow task's attempt count) and in
+its history (the first failure of that task). This module reads both, for ``relaykit runs
+--stuck``, the mark in ``relaykit runs`` and the refusal of ``relaykit result`` to wait.
+
+The way out (docs/deploy.md): roll the code back, or ``temporal workflow reset`` the run to
+before the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from temporalio.client import Client
+
+STUCK_ATTEMPTS = 3
+"""A workflow task failing this often is no passing fault (a worker restart costs one)."""
+
+
+@dataclass
+class StuckRun:
+    workflow_id: str
+    run_id: str
+    attempts: int
+    cause: str
+    """First line of the workflow task's failure."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "run_id": self.workflow_id,
+            "execution": self.run_id,
+            "attempts": self.attempts,
+            "cause": self.cause,
+        }
+
+
+async def stuck(client: Client, workflow_id: str, run_id: str | None = None) -> StuckRun | None:
+    """The run's wedge, or ``None`` when its workflow task is not failing again and again."""
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    description = await handle.describe()
+    raw = description.raw_description
+    if not raw.HasField("pending_workflow_task"):
+        return None
+    attempts = raw.pending_workflow_task.attempt
+    if attempts < STUCK_ATTEMPTS:
+        return None
+    execution_run = description.run_id
+    return StuckRun(workflow_id, execution_run, attempts, await _cause(client, workflow_id, execution_run))
+
+
+async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
+    """The last workflow task failure in history (Temporal records the first of a series)."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
+
+    token = b""
+    for _ in range(20):  # the failure is near the end; bound the walk anyway
+        page = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                maximum_page_size=100,
+                next_page_token=token,
+            )
+        )
+        for event in page.history.events:
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                failure = event.workflow_task_failed_event_attributes.failure
+                try:
+                    message = str(await client.data_converter.decode_failure(failure))
+                except Exception:  # noqa: BLE001 - a codec this client lacks
+                    message = failure.message
+                return first_line(message)
+        token = page.next_page_token
+        if not token:
+            break
+    return "workflow task failing (no failure recorded in history yet)"
+
+
+def first_line(failure: str) -> str:
+    """The message of a failure as the SDK core words it (``Failure { message: "…" … }``),
+    or its first line."""
+    found = re.search(r'message: "((?:[^"\\]|\\.)*)"', failure)
+    if found:
+        return found.group(1)
+    return (failure.strip().splitlines() or ["replay failed"])[0]
+
+
+async def find_stuck(client: Client, workflow_ids: Iterable[str], *, concurrency: int = 16) -> dict[str, StuckRun]:
+    """Which of these runs are wedged, described a few at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(workflow_id: str) -> StuckRun | None:
+        async with gate:
+            try:
+                return await stuck(client, workflow_id)
+            except Exception:  # noqa: BLE001 - a run closing meanwhile is not stuck
+                return None
+
+    ids = list(dict.fromkeys(workflow_ids))
+    found = await asyncio.gather(*(one(i) for i in ids))
+    return {s.workflow_id: s for s in found if s is not None}

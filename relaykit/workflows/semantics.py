@@ -1,0 +1,34 @@
+"""lovia's semantics where relaykit once differed (issue 25), chosen once per run.
+
+Five behaviours changed to match lovia 0.9.119: handoff and agent-tool names
+(:func:`relaykit.names.agent_tool_name`), lenient handoff arguments
+(:func:`relaykit.handoff.parse_handoff_args`), the number of output repairs
+(:func:`relaykit.output.repairs_allowed`), the output schema in the system prompt
+(:meth:`relaykit.output.OutputType.instructions`), and the request order of a turn's calls
+around its handoff (:meth:`relaykit.workflows.tool_path.ToolPath.run_calls`).
+
+Each changes what a run sends or the commands it issues, so each is decided once, at the run's
+first workflow task, by a patch marker (``workflow.patched``), and recorded in
+:class:`relaykit.runs.RunSetup`, which a continue-as-new carries. A run started before the change
+replays without the markers and keeps its old behaviour to its end, on any worker; a run
+continued from one keeps it too (the fields default to ``False``).
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+PATCHES = {
+    "lovia_tool_names": "relaykit.lovia-tool-names",
+    "lenient_handoff_args": "relaykit.lenient-handoff-arguments",
+    "output_retries_setting": "relaykit.output-retries-setting",
+    "output_schema_in_prompt": "relaykit.output-schema-in-prompt",
+    "handoff_in_request_order": "relaykit.handoff-in-request-order",
+}
+"""``RunSetup`` field → patch id (compatibility data: never rename a patch id)."""
+
+
+def recorded_semantics() -> dict[str, bool]:
+    """The ``RunSetup`` fields of lovia's semantics, for a run's first workflow task: ``True``
+    for a new run (a marker is written), ``False`` when replaying a run recorded before."""
+    return {field: workflow.patched(patch_id) for field, patch_id in PATCHES.items()}
