@@ -71,7 +71,6 @@ signal, whose payloads Temporal limits (2 MB)."""
 MAX_TASK_IDS = 64
 
 
-
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be blank")
@@ -102,11 +101,11 @@ class _Arguments(BaseModel):
 class SpawnSubagentArgs(_Arguments):
     """Arguments of ``spawn_subagent``."""
 
-    prompt: Text = Field(
-        description="A complete task; the subagent cannot see this conversation."
-    )
+    prompt: Text = Field(description="A complete task; the subagent cannot see this conversation.")
     agent: str | None = Field(
-        default=None, max_length=200, description="Which subagent runs the task (default: the first)."
+        default=None,
+        max_length=200,
+        description="Which subagent runs the task (default: the first).",
     )
 
 

@@ -19,6 +19,7 @@ from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
 from relaykit import errors, registry
 from relaykit.runs import (
+    AGENT_RUN_WORKFLOW,
     ApprovalDecision,
     ChildReport,
     PendingApproval,
@@ -30,12 +31,10 @@ from relaykit.runs import (
     TaskStatus,
 )
 from relaykit.search_attributes import RELAY_AGENT, RELAY_STATUS, RELAY_TOKENS
-from relaykit.runs import AGENT_RUN_WORKFLOW
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
 from relaykit.workflows.loop import TurnLoop
 from relaykit.workflows.subagent_tasks import REPORT_SIGNAL, send_report
-
 
 NO_INPUT = RawValue(Payload())
 """What a start request without any input arrives as (it then fails with ``InvalidRunInput``)."""
@@ -60,9 +59,11 @@ class AgentRun:
         request with a malformed input (from the ``temporal`` CLI or any client) fails the run
         with ``InvalidRunInput`` instead of failing every workflow task, forever."""
         if self._input_error is not None:
-            raise ApplicationError(self._input_error, type=errors.INVALID_RUN_INPUT, non_retryable=True)
-        input = self._input
-        if input.report_to is None:
+            raise ApplicationError(
+                self._input_error, type=errors.INVALID_RUN_INPUT, non_retryable=True
+            )
+        report_to = self._input.report_to
+        if report_to is None:
             try:
                 return await self._loop.run()
             except BaseException as exc:
@@ -74,12 +75,12 @@ class AgentRun:
             result = await self._loop.run()
         except BaseException as exc:
             if is_cancelled_exception(exc):
-                await self._report(input.report_to, "cancelled", None)
+                await self._report(report_to, "cancelled", None)
             elif isinstance(exc, ApplicationError):
-                await self._report(input.report_to, "failed", exc.message)
+                await self._report(report_to, "failed", exc.message)
             raise
         output = result.output if isinstance(result.output, str) else json.dumps(result.output)
-        await self._report(input.report_to, "finished", output)
+        await self._report(report_to, "finished", output)
         return result
 
     async def _report(self, target: ReportTarget, status: TaskStatus, output: str | None) -> None:
@@ -103,7 +104,9 @@ class AgentRun:
         key = (state.agent, state.status, state.usage.total_tokens)
         if key == self._published:
             return
-        details = [f"**agent:** {state.agent}  ·  **status:** {state.status}  ·  **turn:** {state.turn}"]
+        details = [
+            f"**agent:** {state.agent}  ·  **status:** {state.status}  ·  **turn:** {state.turn}"
+        ]
         for pending in state.pending_approvals.values():
             details.append(f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`)")
         workflow.set_current_details("\n".join(details))

@@ -59,7 +59,7 @@ class Approvals:
             return none
         gates: list[Gate] = []
         waiting: asyncio.Event | None = None
-        for call, needed in zip(calls, wanted):
+        for call, needed in zip(calls, wanted, strict=True):
             decided = asyncio.Event() if needed else None
             gates.append((waiting, decided))
             if decided is not None:
@@ -123,7 +123,7 @@ class Approvals:
                 lambda: call.id in state.decisions, timeout=kind.approval_timeout
             )
             decision = state.decisions.pop(call.id)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             decision = ApprovalDecision(
                 call_id=call.id, approved=False, reason="approval timed out", timed_out=True
             )

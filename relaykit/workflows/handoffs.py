@@ -68,7 +68,7 @@ class HandoffTool(ToolKind):
             return Prepared(call, HandoffArgs())
         return ToolResult(
             f"The handoff did not happen: invalid arguments for {call.name!r}: {problem}. "
-            "Call it again with {} or {\"reason\": \"<text>\"}.",
+            'Call it again with {} or {"reason": "<text>"}.',
             is_error=True,
         )
 

@@ -48,11 +48,13 @@ async def maybe_continue_as_new(run: Run, turns_this_run: int) -> None:
     state.events = kept
     state.runs += 1
     upgrade = (  # versioned workers only: the next execution starts on the current build
-        {"initial_versioning_behavior": workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE}
+        workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
         if run.graph.upgrade_on_continue_as_new
-        else {}
+        else None
     )
-    workflow.continue_as_new(run.input.model_copy(update={"state": state}), **upgrade)
+    workflow.continue_as_new(
+        run.input.model_copy(update={"state": state}), initial_versioning_behavior=upgrade
+    )
 
 
 def compaction_due(run: Run, last_input_tokens: int) -> Any:

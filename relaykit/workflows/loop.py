@@ -51,7 +51,6 @@ from relaykit.workflows.tool_path import ToolPath
 __all__ = ["AGENT_RUN_WORKFLOW", "MODEL_ACTIVITY", "TurnLoop", "run_agent"]
 
 
-
 class TurnLoop:
     """Runs one agent run to its end. Build it with the run's input; call :meth:`run`."""
 
@@ -180,7 +179,9 @@ class TurnLoop:
         else:
             state.transcript.extend(given)
         state.task = next((m for m in state.transcript if m.role == "user"), None)
-        self.run_state.emit("run_started", {"input": given if isinstance(given, str) else len(given)})
+        self.run_state.emit(
+            "run_started", {"input": given if isinstance(given, str) else len(given)}
+        )
 
     # --- 1. the turn boundary -------------------------------------------------------------------
 
@@ -201,7 +202,9 @@ class TurnLoop:
         state.transcript.extend(self.tasks.deliver_reports())
         await long_runs.maybe_continue_as_new(run, self._turns_this_run)
         policy = long_runs.compaction_due(run, self._last_input_tokens)
-        compacted = None if policy is None else await long_runs.compact(state, policy, self._summarize)
+        compacted = (
+            None if policy is None else await long_runs.compact(state, policy, self._summarize)
+        )
         if compacted is not None:
             archived = state.context_ref
             state.transcript = compacted.transcript
@@ -210,7 +213,11 @@ class TurnLoop:
             self._last_input_tokens = 0
             run.emit(
                 "context_compacted",
-                {"removed": compacted.removed, "strategy": policy.strategy, "archived_ref": archived},
+                {
+                    "removed": compacted.removed,
+                    "strategy": policy.strategy,
+                    "archived_ref": archived,
+                },
             )
 
     async def _summarize(self, messages: list[Message], instructions: str) -> str:

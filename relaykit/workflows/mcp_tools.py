@@ -59,7 +59,7 @@ class MCPTools:
 
     async def _list(self, run: Run, agent: Agent, server: MCPServer) -> MCPListing:
         try:
-            return await workflow.execute_activity(
+            listing: MCPListing = await workflow.execute_activity(
                 server.list_activity,
                 MCPListRequest(server=server.name),
                 result_type=MCPListing,
@@ -68,6 +68,7 @@ class MCPTools:
                 task_queue=server.task_queue,
                 summary=f"list tools of {server.name}",
             )
+            return listing
         except ActivityError as exc:
             if is_cancelled_exception(exc):
                 raise
@@ -135,11 +136,14 @@ class MCPTool(ToolKind):
             arguments = json.loads(call.arguments or "{}")
         except ValueError as exc:
             return ToolResult(
-                f"Invalid JSON arguments for tool {call.name!r}: {exc}. Fix them and call it again.",
+                f"Invalid JSON arguments for tool {call.name!r}: {exc}. "
+                "Fix them and call it again.",
                 is_error=True,
             )
         if not isinstance(arguments, dict):
-            return ToolResult(f"Arguments for tool {call.name!r} must be a JSON object.", is_error=True)
+            return ToolResult(
+                f"Arguments for tool {call.name!r} must be a JSON object.", is_error=True
+            )
         needed = self.entry.server.requires_approval(self.entry.info.name, arguments)
         return Prepared(call, arguments, needs_approval=bool(needed))
 

@@ -97,7 +97,7 @@ def build_request(
 async def execute_model_call(run: Run, request: ModelRequest, agent: Agent) -> ModelResponse:
     spec = request.model
     try:
-        return await workflow.execute_activity(
+        response: ModelResponse = await workflow.execute_activity(
             MODEL_ACTIVITY,
             request,
             result_type=ModelResponse,
@@ -106,12 +106,14 @@ async def execute_model_call(run: Run, request: ModelRequest, agent: Agent) -> M
             retry_policy=MODEL_RETRY,
             summary=f"{agent.name} · turn {run.state.turn} · {spec.label}",
         )
+        return response
     except ActivityError as exc:
         if is_cancelled_exception(exc):
             raise  # the run is being cancelled: end as cancelled, not failed
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type in (
-            TRANSCRIPT_MISSING, REQUEST_PART_MISSING
+            TRANSCRIPT_MISSING,
+            REQUEST_PART_MISSING,
         ):
             if request.base_ref is not None or request.static_ref is not None:
                 raise

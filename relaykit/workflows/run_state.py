@@ -168,7 +168,9 @@ class Run:
             return child
         used = self.state.usage
         left_tokens = (
-            None if mine.max_total_tokens is None else max(mine.max_total_tokens - used.total_tokens, 0)
+            None
+            if mine.max_total_tokens is None
+            else max(mine.max_total_tokens - used.total_tokens, 0)
         )
         left_requests = (
             None if mine.max_requests is None else max(mine.max_requests - used.requests, 0)
@@ -203,11 +205,12 @@ class Run:
     def child_search_attributes(self) -> Any:
         if not self.setup_flag("search_attributes"):
             return None
-        from temporalio.common import TypedSearchAttributes
+        from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
         from relaykit.search_attributes import RELAY_PARENT_RUN
 
-        return TypedSearchAttributes([RELAY_PARENT_RUN.value_set(workflow.info().workflow_id)])
+        parent = SearchAttributePair(RELAY_PARENT_RUN, workflow.info().workflow_id)
+        return TypedSearchAttributes([parent])
 
     # --- background signals ---------------------------------------------------------------------
 

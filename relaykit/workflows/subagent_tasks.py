@@ -147,7 +147,9 @@ class SubagentTasks:
     def _since(self, task: SubagentTask, now: datetime | None = None) -> str:
         if task.started_at is None:
             return ""
-        return f"running for {_elapsed(((now or workflow.now()) - task.started_at).total_seconds())}"
+        return (
+            f"running for {_elapsed(((now or workflow.now()) - task.started_at).total_seconds())}"
+        )
 
     def describe(self, task: SubagentTask, now: datetime | None = None) -> str:
         """``task-1 (researcher, running for 2m 05s): "first words of its prompt"``."""
@@ -157,12 +159,15 @@ class SubagentTasks:
         else:
             detail.append(task.status)
         prompt = task.prompt if len(task.prompt) <= 60 else task.prompt[:59] + "…"
-        return f"{task.id} ({', '.join(d for d in detail if d)}): {json.dumps(prompt, ensure_ascii=False)}"
+        quoted = json.dumps(prompt, ensure_ascii=False)
+        return f"{task.id} ({', '.join(d for d in detail if d)}): {quoted}"
 
     def known(self) -> str:
         if not self.state.tasks:
             return "no task has been started yet"
-        return "known tasks: " + ", ".join(f"{t.id} ({t.status})" for t in self.state.tasks.values())
+        return "known tasks: " + ", ".join(
+            f"{t.id} ({t.status})" for t in self.state.tasks.values()
+        )
 
     def nothing_to_wait_for(self) -> str:
         tasks = list(self.state.tasks.values())
@@ -180,7 +185,9 @@ class SubagentTasks:
             )
         if cancelled:
             parts.append(
-                "Cancelled (no report): " + ", ".join(f"{t.id} ({t.agent})" for t in cancelled) + "."
+                "Cancelled (no report): "
+                + ", ".join(f"{t.id} ({t.agent})" for t in cancelled)
+                + "."
             )
         return " ".join(parts)
 
@@ -220,7 +227,9 @@ class SubagentTasks:
             await workflow.get_external_workflow_handle(task.workflow_id).cancel()
         except Exception as exc:  # noqa: BLE001 - the child may have just ended on its own
             workflow.logger.info("cancel of %s: %s", task.workflow_id, exc)
-        self.run.emit("subagent_finished", {"id": task.id, "agent": task.agent, "status": "cancelled"})
+        self.run.emit(
+            "subagent_finished", {"id": task.id, "agent": task.agent, "status": "cancelled"}
+        )
 
     def on_report(self, report: ChildReport) -> None:
         """A child ended (signal handler): record its report for the next turn boundary."""
@@ -303,10 +312,8 @@ class SubagentTasks:
         if inherited:  # started before a continue-as-new: wait for their last report
             ids = inherited
             try:
-                await workflow.wait_condition(
-                    lambda: ids <= self.ended, timeout=CANCEL_WAIT
-                )
-            except asyncio.TimeoutError:
+                await workflow.wait_condition(lambda: ids <= self.ended, timeout=CANCEL_WAIT)
+            except TimeoutError:
                 workflow.logger.warning("subagents did not confirm cancellation: %s", ids)
 
 

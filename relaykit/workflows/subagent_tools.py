@@ -10,7 +10,6 @@ Workflow code: deterministic, no I/O.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -49,6 +48,7 @@ class LegacyWait:
 
 class SubagentTool(ToolKind):
     """One of the four subagent tools of one agent."""
+
     guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
 
     def __init__(
@@ -218,7 +218,7 @@ class SubagentTool(ToolKind):
             await workflow.wait_condition(
                 lambda: all(tasks[i].status != "running" for i in ids), timeout=old.timeout
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
         return ToolResult(self.tasks.collect(ids, waited=old.timeout, timed_out=timed_out))
 
@@ -235,7 +235,8 @@ class SubagentTool(ToolKind):
                 )
         else:
             ids = [
-                t.id for t in tasks.values()
+                t.id
+                for t in tasks.values()
                 if t.status == "running" or (t.report is not None and not t.delivered)
             ]
             if not ids:
@@ -248,13 +249,11 @@ class SubagentTool(ToolKind):
                         lambda: all(tasks[i].status != "running" for i in ids),
                         timeout=args.timeout_seconds,
                     )
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     timed_out = True
             else:
                 timed_out = True  # asked not to wait
-        return ToolResult(
-            self.tasks.collect(ids, waited=args.timeout_seconds, timed_out=timed_out)
-        )
+        return ToolResult(self.tasks.collect(ids, waited=args.timeout_seconds, timed_out=timed_out))
 
     async def _cancel(self, task_id: str) -> ToolResult:
         task = self.run.state.tasks.get(task_id)
@@ -295,7 +294,11 @@ def _legacy_arguments(name: str, raw: str) -> Any:
         return None
     if name == "spawn_subagent":
         prompt, agent = args.get("prompt"), args.get("agent")
-        if not isinstance(prompt, str) or not prompt.strip() or not isinstance(agent, (str, type(None))):
+        if (
+            not isinstance(prompt, str)
+            or not prompt.strip()
+            or not isinstance(agent, (str, type(None)))
+        ):
             return None
         return SpawnSubagentArgs.model_construct(prompt=prompt, agent=agent or None)
     if name == "cancel_subagent":
@@ -322,4 +325,3 @@ def _legacy_wait(raw: str, running: list[SubagentTask]) -> tuple[list[str], floa
         return ids, max(timeout, 0.001)
     except (ValueError, TypeError, AttributeError, RecursionError, OverflowError):
         return None
-

@@ -115,7 +115,8 @@ class ToolPath:
         if agent.subagents is not None:
             shown = {spec.name: spec for spec in self.tasks.tool_specs(agent)}
             subagents = [
-                SubagentTool(run, self.tasks, agent, name, shown.get(name)) for name in SUBAGENT_TOOLS
+                SubagentTool(run, self.tasks, agent, name, shown.get(name))
+                for name in SUBAGENT_TOOLS
             ]
         mcp: list[ToolKind] = list(self.mcp.kinds(run, agent))
         table = AgentTools()
@@ -179,7 +180,11 @@ class ToolPath:
         gates = self.approvals.gates(agent, calls, lambda call: self._approval_hint(table, call))
         for index, call in enumerate(calls):
             kind = table.kinds.get(call.name)
-            data: dict[str, Any] = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+            data: dict[str, Any] = {
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+            }
             if kind is not None:
                 data.update(kind.call_event(call))
             run.emit("tool_call", data)
@@ -202,14 +207,15 @@ class ToolPath:
         # (a barrier), then the calls after it; runs recorded before run the handoff last.
         earlier = concurrent[:before] if before is not None else concurrent
         later = concurrent[before:] if before is not None else []
-        for (index, _), outcome in zip(earlier, await asyncio.gather(*(c for _, c in earlier))):
+        outcomes = await asyncio.gather(*(coro for _, coro in earlier))
+        for (index, _), outcome in zip(earlier, outcomes, strict=True):
             results[index] = outcome
         switch = None
         if barrier is not None:
             index, call, kind, prepared = barrier
-            message, switch = await self._run_prepared(agent, kind, prepared)
-            results[index] = message
-        for (index, _), outcome in zip(later, await asyncio.gather(*(c for _, c in later))):
+            results[index], switch = await self._run_prepared(agent, kind, prepared)
+        outcomes = await asyncio.gather(*(coro for _, coro in later))
+        for (index, _), outcome in zip(later, outcomes, strict=True):
             results[index] = outcome
         done: list[Message] = []
         for message in results:
@@ -239,7 +245,9 @@ class ToolPath:
         first: tuple[int, ToolCall, ToolKind, Prepared] | None,
     ) -> Prepared | Message:
         run = self.run
-        repeated = check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch)  # loop guard
+        repeated = check_repeat(
+            run.state, call, agent.max_repeated_calls, kind.guard_patch
+        )  # loop guard
         if repeated is not None:
             return run.tool_message(call, repeated)
         prepared = kind.prepare(call)
@@ -279,7 +287,9 @@ class ToolPath:
             return run.tool_message(
                 call, f"Unknown tool {call.name!r}. Available tools: {known}.", is_error=True
             )
-        repeated = check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch)  # loop guard
+        repeated = check_repeat(
+            run.state, call, agent.max_repeated_calls, kind.guard_patch
+        )  # loop guard
         if repeated is not None:
             return run.tool_message(call, repeated, is_error=False)
         prepared = kind.prepare(call)
