@@ -41,6 +41,7 @@ from relaykit.client import (
     task_queue_has_worker,
 )
 from relaykit.errors import RelaykitError, RunFailed
+from relaykit.operate_cli import register as register_operate_commands
 from relaykit.runs import RunResult
 from relaykit.worker import DEFAULT_GRACEFUL_SHUTDOWN, DEFAULT_STICKY_TIMEOUT, DEFAULT_TOOL_THREADS
 
@@ -1126,6 +1127,9 @@ def demo(
         _fail(f"run failed ({exc.type or 'error'}): {exc.message}")
     except RelaykitError as exc:
         _fail(str(exc))
+
+
+register_operate_commands(app)  # inbox, fork: relaykit/operate_cli.py
 
 
 def main() -> None:
