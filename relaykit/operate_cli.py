@@ -33,6 +33,34 @@ def register(app: typer.Typer) -> None:
         RELAYKIT_INBOX_AUTH="Bearer <token>" to require that token (needed off loopback)."""
         await serve_inbox(host=host, port=port, address=address, namespace=namespace)
 
+    @app.command()
+    @cli.command
+    async def fork(
+        run_id: cli.RunIdArg,
+        at_turn: Annotated[int, typer.Option("--at-turn", help="Keep turns 1..N of the run")],
+        new_id: Annotated[str | None, typer.Option("--id", help="Workflow id of the new run")] = None,
+        text: Annotated[
+            str | None, typer.Option("--input", help="A user message after turn N")
+        ] = None,
+        wait: Annotated[bool, typer.Option("--wait", help="Wait for the new run's answer")] = False,
+        as_json: cli.JsonOpt = False,
+        address: cli.AddressOpt = None,
+        namespace: cli.NamespaceOpt = None,
+    ) -> None:
+        """Start a new run from turn N of RUN_ID (running or closed): its first N turns are
+        kept, none of their tools runs again, and the original is untouched."""
+        from relaykit.fork import fork_run
+
+        cli._text_arg(text, "input")
+        client = await cli._client(address, namespace)
+        handle = await fork_run(client, run_id, at_turn, input=text, id=new_id)
+        print(handle.id, flush=True)
+        if not wait:
+            return
+        description = await handle.workflow.describe()
+        result = await cli._wait_for_result(handle, description.task_queue or cli.DEFAULT_TASK_QUEUE)
+        cli._print_result(result, as_json)
+
 
 async def serve_inbox(
     *, host: str, port: int, address: str | None, namespace: str | None

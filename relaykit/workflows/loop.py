@@ -225,6 +225,8 @@ class TurnLoop:
         else:
             self.state.transcript.extend(given)
         self.state.task = next((m for m in self.state.transcript if m.role == "user"), None)
+        if self.input.fork is not None:  # a fork goes on from its origin's turn
+            self.state.turn = self.input.fork.turn
         self.emit("run_started", {"input": given if isinstance(given, str) else len(given)})
 
     # --- choices recorded once per run -----------------------------------------------------------
@@ -464,6 +466,7 @@ class TurnLoop:
             transcript=self.state.transcript,
             transcript_ref=self.state.context_ref,
             transcript_offset=self.state.transcript_offset,
+            forked_from=str(self.input.fork) if self.input.fork is not None else None,
         )
 
     # --- budget ---------------------------------------------------------------------------------
