@@ -5,6 +5,7 @@ the page is driven in headless Chromium (Debian's ``chromium`` through Playwrigh
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import queue
 import secrets
@@ -66,30 +67,42 @@ def _lines(stream: Any) -> queue.Queue[str]:
     return lines
 
 
-@pytest.fixture(scope="module")
-def inbox(temporal_server: DevServer) -> Iterator[Inbox]:
-    """One ``relaykit inbox`` process with a token, on a free port, for this module."""
-    token = secrets.token_urlsafe(16)
+def start_inbox(address: str, token: str | None, **env: str) -> Inbox:
+    """``relaykit inbox`` on a free port, once it has printed where it listens."""
+    if token is not None:
+        env["RELAYKIT_INBOX_AUTH"] = f"Bearer {token}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykit.cli", "inbox", "--port", "0"],
-        cwd=REPO_ROOT, env=_env(temporal_server.address, RELAYKIT_INBOX_AUTH=f"Bearer {token}"),
+        cwd=REPO_ROOT, env=_env(address, **env),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     lines = _lines(proc.stderr)
     seen: list[str] = []
-    while not any(line.startswith("sign in: ") for line in seen):
+    while not seen or (token is not None and not any(l.startswith("sign in: ") for l in seen)):
         try:
             seen.append(lines.get(timeout=30))
         except queue.Empty:
             proc.kill()
             raise AssertionError(f"relaykit inbox did not start: {seen}") from None
+    assert seen[0].startswith("inbox on "), seen
     url = seen[0].split()[2]
-    link = next(line for line in seen if line.startswith("sign in: "))[len("sign in: "):]
+    link = next((l for l in seen if l.startswith("sign in: ")), "")[len("sign in: "):]
+    return Inbox(url=url, token=token or "", sign_in_link=link, proc=proc)
+
+
+def stop_inbox(inbox: Inbox) -> None:
+    inbox.proc.terminate()
+    inbox.proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def inbox(temporal_server: DevServer) -> Iterator[Inbox]:
+    """One ``relaykit inbox`` process with a token, on a free port, for this module."""
+    started = start_inbox(temporal_server.address, secrets.token_urlsafe(16))
     try:
-        yield Inbox(url=url, token=token, sign_in_link=link, proc=proc)
+        yield started
     finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+        stop_inbox(started)
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
@@ -249,6 +262,48 @@ async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox
         forged = await http.post(f"{inbox.url}/decide", headers={"cookie": cookie.split(";")[0]},
                                  data={"run_id": "r", "call_id": "c", "decision": "approve"})
         assert forged.status_code == 403
+
+
+async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_without_says_it_cannot(
+    model_server: ScriptedModelServer, temporal_server: DevServer, inbox: Inbox
+) -> None:
+    # Arguments are decoded with RELAYKIT_CODEC; an inbox without the key names the run as
+    # unreadable instead of dropping it. A tokenless inbox answers loopback Host names only.
+    from relaykit import connect
+    from relaykit.codecs.aes import AesGcmCodec
+
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    encrypted = await connect(temporal_server.address, codec=AesGcmCodec(key))
+    invocations: list[str] = []
+    billing, _, _ = desks(model_server, invocations)
+    plain = start_inbox(temporal_server.address, None, RELAYKIT_CODEC="relaykit.codecs.aes:AesGcmCodec",
+                        RELAYKIT_CODEC_KEY=key)
+    try:
+        async with serving(encrypted, billing) as worker, httpx.AsyncClient(timeout=30) as http:
+            handle = await start_run(encrypted, billing, "refund A-1", task_queue=worker.task_queue)
+
+            async def listed() -> list[dict[str, Any]]:
+                response = await http.get(f"{plain.url}/api/pending")
+                assert response.status_code == 200, response.text
+                return [item for item in response.json() if item["run_id"] == handle.id]
+
+            [item] = await eventually(listed, "the encrypted run's call")
+            assert item["arguments"] == {"order_id": "A-1", "amount": 30}
+
+            async def named_unreadable() -> bool:
+                page = await http.get(f"{inbox.url}/", headers=inbox.auth)
+                return "could not be read" in page.text and handle.id in page.text
+
+            await eventually(named_unreadable, "the run named as unreadable without the key")
+            rebound = await http.get(f"{plain.url}/api/pending", headers={"host": "evil.example"})
+            assert rebound.status_code == 421
+            decided = await http.post(f"{plain.url}/api/decide", json={
+                "run_id": handle.id, "call_id": item["call_id"], "approve": False, "reason": "no"})
+            assert decided.status_code == 200, decided.text
+            result = await handle.result()
+    finally:
+        stop_inbox(plain)
+    assert invocations == [] and "no" in result.output
 
 
 def test_inbox_refuses_to_listen_off_loopback_without_a_token(temporal_server: DevServer) -> None:

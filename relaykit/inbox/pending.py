@@ -143,6 +143,13 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+async def _served(client: Client, task_queue: str) -> bool:
+    try:
+        return await task_queue_has_worker(client, task_queue or DEFAULT_TASK_QUEUE)
+    except RPCError:  # no permission to describe queues: query and see
+        return True
+
+
 async def list_pending(
     client: Client, *, limit: int = DEFAULT_LIMIT, hidden: set[tuple[str, str]] | None = None
 ) -> InboxListing:
@@ -151,12 +158,25 @@ async def list_pending(
     ``hidden`` holds ``(run_id, call_id)`` pairs decided moments ago: a run may still list a
     call for a moment after the answer was accepted.
     """
-    run_ids = [
-        execution.id
-        async for execution in client.list_workflows(waiting_runs_query(), limit=limit)
-    ]
+    queues: dict[str, str] = {}
+    async for execution in client.list_workflows(waiting_runs_query(), limit=limit):
+        queues[execution.id] = execution.task_queue
+    listing = InboxListing(runs=len(queues))
+    # A query to a run nobody serves would only time out: ask each task queue once instead.
+    served = dict(zip(
+        distinct := sorted(set(queues.values())),
+        await asyncio.gather(*(_served(client, queue) for queue in distinct)),
+        strict=True,
+    ))
+    run_ids = []
+    for run_id, queue in queues.items():
+        if served[queue]:
+            run_ids.append(run_id)
+        else:
+            listing.unreadable.append(
+                UnreadableRun(run_id=run_id, why=f"no worker polls task queue {queue!r}")
+            )
     gate = asyncio.Semaphore(QUERY_CONCURRENCY)
-    listing = InboxListing(runs=len(run_ids))
 
     async def read(run_id: str) -> list[InboxItem]:
         async with gate:
