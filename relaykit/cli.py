@@ -1129,7 +1129,7 @@ def demo(
         _fail(str(exc))
 
 
-register_operate_commands(app)  # inbox, fork: relaykit/operate_cli.py
+register_operate_commands(app)  # inbox, steer, fork: relaykit/operate_cli.py
 
 
 def main() -> None:

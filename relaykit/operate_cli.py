@@ -1,5 +1,6 @@
 """CLI commands for operating runs from outside: ``relaykit inbox`` (every waiting approval of
-a namespace on one page) and ``relaykit fork`` (a new run from a turn of an existing one).
+a namespace on one page), ``relaykit steer`` (correct a run while its model is thinking) and
+``relaykit fork`` (a new run from a turn of an existing one).
 
 They join the ``relaykit`` app through :func:`register`, called once by :mod:`relaykit.cli`; the
 shared helpers (one-line errors, clients with the configured codec) are read from there when the
@@ -32,6 +33,23 @@ def register(app: typer.Typer) -> None:
         """Serve every approval the namespace waits for, on a page and a JSON API. Set
         RELAYKIT_INBOX_AUTH="Bearer <token>" to require that token (needed off loopback)."""
         await serve_inbox(host=host, port=port, address=address, namespace=namespace)
+
+    @app.command()
+    @cli.command
+    async def steer(
+        run_id: cli.RunIdArg,
+        text: Annotated[str, typer.Argument(help="Message for the model, now")],
+        address: cli.AddressOpt = None,
+        namespace: cli.NamespaceOpt = None,
+    ) -> None:
+        """Correct a run now: a model call in flight is cancelled (its answer never used) and
+        the next one starts at once with this message; otherwise the same as `send`."""
+        cli._text_arg(text, "message")
+        handle, _ = await cli._served_handle(run_id, address, namespace, "be steered")
+        if await handle.steer(text):
+            print("steered: the model call in flight was cancelled; the next one has your message")
+        else:
+            print("queued: no model call in flight, the next one has your message")
 
     @app.command()
     @cli.command

@@ -30,6 +30,7 @@ EventKind = Literal[
     "approval_requested",
     "approval_answered",
     "message_injected",
+    "steered",
     "paused",
     "resumed",
     "subagent_started",

@@ -97,6 +97,10 @@ MAX_EVENTS_KEPT = 2_000
 EVENTS_KEPT_ACROSS_RUNS = 200
 
 
+class SteeredAway(Exception):
+    """The model call in flight was cancelled by a steer (not by the run's cancellation)."""
+
+
 class TurnLoop:
     """Runs one agent run to its end. Build it with the run's input; call :meth:`run`."""
 
@@ -131,6 +135,9 @@ class TurnLoop:
         self._last_input_tokens = 0
         self._argument_problems: dict[str, str | None] = {}
         self._decided: dict[str, asyncio.Event] = {}
+        self._model_call: Any = None
+        """The model activity in flight (a steer cancels it)."""
+        self._steered = False
         """Approval decisions later calls of the turn wait for (lovia's request order)."""
 
     # --- the loop -------------------------------------------------------------------------------
@@ -183,7 +190,13 @@ class TurnLoop:
             self._turns_this_run += 1
             agent = self.current_agent
             with self.turn_group(agent):  # [observability] one event group per turn
-                response = await self._call_model(agent)
+                try:
+                    response = await self._call_model(agent)
+                except SteeredAway:  # the steer's text enters at the boundary; same turn again
+                    self._steered = False
+                    self.state.turn -= 1
+                    self._turns_this_run -= 1
+                    continue
             message = response.message.model_copy(update={"agent": agent.name})
             calls, message, corrected = self._checked_calls(message)
             self.state.transcript.append(message)
@@ -400,18 +413,23 @@ class TurnLoop:
 
     async def _execute_model_call(self, request: ModelRequest, agent: Agent) -> ModelResponse:
         spec = request.model
+        # Started as a handle (the same command as execute_activity) so that a steer can cancel
+        # it; TRY_CANCEL, the default, means the run does not wait for the cancel to land.
+        self._model_call = workflow.start_activity(
+            MODEL_ACTIVITY,
+            request,
+            result_type=ModelResponse,
+            start_to_close_timeout=timedelta(seconds=spec.timeout_seconds + 30),
+            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
+            retry_policy=MODEL_RETRY,
+            summary=f"{agent.name} · turn {self.state.turn} · {spec.label}",
+        )
         try:
-            return await workflow.execute_activity(
-                MODEL_ACTIVITY,
-                request,
-                result_type=ModelResponse,
-                start_to_close_timeout=timedelta(seconds=spec.timeout_seconds + 30),
-                heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
-                retry_policy=MODEL_RETRY,
-                summary=f"{agent.name} · turn {self.state.turn} · {spec.label}",
-            )
+            return await self._model_call
         except ActivityError as exc:
             if is_cancelled_exception(exc):
+                if self._steered:  # a person steered the run: this answer is never used
+                    raise SteeredAway() from None
                 raise  # the run is being cancelled: end as cancelled, not failed
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.type in (
@@ -425,6 +443,20 @@ class TurnLoop:
                 f"model call failed for agent {agent.name!r} at turn {self.state.turn}: {detail}",
                 kind or errors.MODEL_CALL_FAILED,
             )
+        finally:
+            self._model_call = None
+
+    def steer(self, text: str) -> bool:
+        """Queue ``text`` for the next model call and cancel the call in flight, if any (its
+        answer is dropped and it does not count as a turn); returns whether one was cancelled."""
+        self.state.mailbox.append(text)
+        call = self._model_call
+        cancelled = call is not None and not call.done()
+        if cancelled:
+            self._steered = True
+            call.cancel()
+        self.emit("steered", {"text": text, "cancelled_call": cancelled})
+        return cancelled
 
     def _final_output(self, agent: Agent, text: str) -> tuple[bool, Any]:
         output_type = self._output_type_for(agent)
