@@ -27,6 +27,7 @@ clickjacking of the Approve button), caching and referrers (a sign-in link's tok
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -142,11 +143,17 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
     auth = InboxAuth(authorization)
     recent = RecentlyDecided()
     cache: dict[str, Any] = {"at": 0.0, "listing": None}
+    gate = asyncio.Lock()  # viewers arriving during a listing share it instead of starting theirs
+
+    def fresh() -> bool:
+        return cache["listing"] is not None and time.monotonic() - cache["at"] <= LISTING_CACHE_SECONDS
 
     async def listing() -> InboxListing:
-        if cache["listing"] is None or time.monotonic() - cache["at"] > LISTING_CACHE_SECONDS:
-            cache["listing"] = await list_pending(client, hidden=recent.current())
-            cache["at"] = time.monotonic()
+        if not fresh():
+            async with gate:
+                if not fresh():
+                    cache["listing"] = await list_pending(client, hidden=recent.current())
+                    cache["at"] = time.monotonic()
         return cache["listing"]
 
     def forget_listing() -> None:

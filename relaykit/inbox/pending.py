@@ -41,8 +41,9 @@ from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
 QUERY_TIMEOUT = 5.0
 """Seconds a waiting run's worker gets to answer its ``pending_approvals`` query."""
 
-QUERY_CONCURRENCY = 16
-"""Runs queried at once: enough for hundreds of waiting runs, gentle on the workers."""
+QUERY_CONCURRENCY = 48
+"""Runs queried at once: hundreds of waiting runs list in seconds, and workers answer queries
+from their cache of runs (no replay) when they have them."""
 
 DEFAULT_LIMIT = 2000
 """Waiting runs listed at most (the oldest waits are shown first)."""
