@@ -206,3 +206,64 @@ async def test_a_fork_after_a_handoff_goes_on_with_the_agent_that_took_over(
     assert sent[3] == ("user", "again please")
     assert model_server.request_count(triage_model.name) == 1
     assert invocations == ["lookup invoice"]
+
+
+async def test_a_namespace_without_relay_fork_of_still_gets_the_other_attributes_and_forks(
+    model_server: ScriptedModelServer, temporal_server: DevServer
+) -> None:
+    # A namespace registered before RelayForkOf existed: runs still upsert RelayStatus etc., and
+    # a fork starts without the attribute, its origin still in its result.
+    import uuid
+    from datetime import timedelta
+
+    from google.protobuf.duration_pb2 import Duration
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
+    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from relaykit.search_attributes import RELAY_STATUS, UPSERTED
+
+    namespace = f"older-{uuid.uuid4().hex[:8]}"
+    first = await Client.connect(temporal_server.address, data_converter=pydantic_data_converter)
+    await first.workflow_service.register_namespace(RegisterNamespaceRequest(
+        namespace=namespace,
+        workflow_execution_retention_period=Duration(seconds=int(timedelta(days=1).total_seconds())),
+    ))
+    client = await Client.connect(temporal_server.address, namespace=namespace,
+                                  data_converter=pydantic_data_converter)
+    for _ in range(200):  # a new namespace reaches the frontend's cache after a moment
+        try:
+            await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+                namespace=namespace,
+                search_attributes={
+                    key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
+                    for key in UPSERTED
+                },
+            ))
+            break
+        except Exception:  # noqa: BLE001 - namespace not visible yet
+            await asyncio.sleep(0.1)
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace))
+    assert "RelayStatus" in listed.custom_attributes
+    assert "RelayForkOf" not in listed.custom_attributes
+    invocations: list[str] = []
+    lookup, _ = counting_tools(invocations)
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("lookup", key="x"), text("one"), text("two")])
+    agent = Agent(name="forked_older", model=model, tools=[lookup])
+    async with serving(client, agent) as worker:
+        original = await start_run(client, agent, "look x up", task_queue=worker.task_queue)
+        assert (await original.result()).output == "one"
+        fork = await fork_run(client, original.id, 1)
+        result = await fork.result()
+        original_attrs = (await original.workflow.describe()).typed_search_attributes
+        fork_attrs = (await fork.workflow.describe()).typed_search_attributes
+    assert result.output == "two" and result.forked_from == f"{original.id}@1"
+    assert original_attrs.get(RELAY_STATUS) == "completed"
+    assert fork_attrs.get(RELAY_STATUS) == "completed"
+    assert invocations == ["lookup x"]
