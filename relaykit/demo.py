@@ -290,6 +290,18 @@ async def _pending_summary(
     return f" while it ran {', '.join(names)}" if names else " between two calls"
 
 
+def demo_model_choice(model: str | None, env: Mapping[str, str] | None = None) -> Any:
+    """The model that plays the demo: ``--model`` (read as ``RELAYKIT_MODEL`` would be), else
+    what :func:`relaykit.dev.choose_model` picks for every command (a
+    :class:`relaykit.dev.ModelChoice`)."""
+    from relaykit.dev import choose_model
+
+    chosen = dict(os.environ if env is None else env)
+    if model:
+        chosen["RELAYKIT_MODEL"] = model
+    return choose_model(chosen)
+
+
 async def run_demo(
     *, port: int, ui_port: int, data_dir: str, stay: bool | None, model: str | None = None
 ) -> None:
@@ -298,12 +310,9 @@ async def run_demo(
     from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
 
     from relaykit.client import connect, start_run
-    from relaykit.dev import SCRIPTED_MODEL_NAME, choose_model, console, start_server, stop_on_sigterm
+    from relaykit.dev import SCRIPTED_MODEL_NAME, console, start_server, stop_on_sigterm
 
-    env = dict(os.environ)
-    if model:
-        env["RELAYKIT_MODEL"] = model
-    choice = choose_model(env)
+    choice = demo_model_choice(model)
     console.print(f"model: [bold]{choice.label}[/bold]")
     stop_on_sigterm()
     loop = asyncio.get_running_loop()
