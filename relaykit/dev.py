@@ -46,7 +46,7 @@ LOCAL_MODEL_NOTE = (
     "answers wrongly, see docs/local-model.md; " + REAL_MODEL_HINT
 )
 SCRIPTED_LABEL = (
-    "scripted stand-in (no LLM is configured: each example's deterministic script plays the "
+    "scripted stand-in model (no LLM is configured: each example's deterministic script plays the "
     "model); " + REAL_MODEL_HINT + ", or RELAYKIT_MODEL=local for the bundled tiny offline LLM"
 )
 
@@ -75,7 +75,7 @@ def choose_model(env: Mapping[str, str] | None = None) -> ModelChoice:
     env = dict(os.environ if env is None else env)
     wanted = env.get("RELAYKIT_MODEL", "").strip()
     if wanted == "scripted":
-        return ModelChoice(None, "scripted stand-in (RELAYKIT_MODEL=scripted: no LLM)")
+        return ModelChoice(None, "scripted stand-in model (RELAYKIT_MODEL=scripted: no LLM)")
     if wanted:
         spec = parse_model(wanted)
         if spec.provider == "local":

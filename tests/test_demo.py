@@ -28,7 +28,7 @@ def test_with_nothing_configured_every_command_gets_the_scripted_stand_in_and_ho
 
     choice = choose_model(NOTHING_CONFIGURED)
     assert choice.spec is None
-    assert choice.label.startswith("scripted stand-in")
+    assert choice.label.startswith("scripted stand-in model")
     assert "RELAYKIT_MODEL=openai:gpt-4.1" in choice.label and "OPENAI_API_KEY" in choice.label
     assert "RELAYKIT_MODEL=local" in choice.label
 
@@ -80,7 +80,7 @@ def test_dev_with_nothing_configured_says_on_its_first_line_that_a_script_plays_
         lines.wait_for("ready:", timeout=120)
     finally:
         stop(dev)
-    assert lines.lines[0].startswith("model: scripted stand-in"), lines.lines
+    assert lines.lines[0].startswith("model: scripted stand-in model"), lines.lines
     assert "RELAYKIT_MODEL=openai:gpt-4.1" in lines.lines[0]
 
 
@@ -117,7 +117,7 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
         events = asyncio.run(_history(port, workflow_id))
     finally:
         stop(demo)
-    assert err.lines[0].startswith("model: scripted stand-in"), err.lines
+    assert err.lines[0].startswith("model: scripted stand-in model"), err.lines
     answer = "\n".join(out.lines)
     assert "500.00 EUR = 81967.21 JPY" in answer
     assert "Paris: 14°C" in answer and "Tokyo: 19°C" in answer
