@@ -20,6 +20,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -72,8 +73,10 @@ async def measure(mb: float = 3.0, store_dir: Path | None = None) -> dict[str, A
             client = await connect(server.address, store=store)
             queue = f"bytes-{uuid.uuid4().hex[:8]}"
             async with Worker(client, agent, task_queue=queue, store=store):
+                started = time.perf_counter()
                 handle = await start_run(client, agent, "Read the page.", task_queue=queue)
                 result = await handle.result()
+                seconds = time.perf_counter() - started
             assert result.output == "Read it: 1 page."
             objects = [o async for o in store.list(f"runs/{scope_for(handle.id)}/")]
         kinds: Counter[str] = Counter()
@@ -86,6 +89,7 @@ async def measure(mb: float = 3.0, store_dir: Path | None = None) -> dict[str, A
             "tool_result_bytes": len(result_text.encode()),
             "objects": len(objects),
             "bytes": sum(o.size for o in objects),
+            "run_seconds": round(seconds, 3),
             "by_kind": {k: {"objects": kinds[k], "bytes": sizes[k]} for k in sorted(kinds)},
         }
     finally:
@@ -105,6 +109,7 @@ def main() -> None:
         f"store after the run: {figures['objects']} objects, {figures['bytes']} bytes "
         f"({figures['bytes'] / figures['tool_result_bytes']:.2f}x the tool result)"
     )
+    print(f"the run (start to result): {figures['run_seconds']:.2f} s")
     for kind, row in figures["by_kind"].items():
         print(f"  {kind:9} {row['objects']:3} objects {row['bytes']:>10} bytes")
     if args.json:
