@@ -62,13 +62,12 @@ async def _serve_demo_agent(task_queue: str, spec: ModelSpec) -> None:
     from relaykit.client import connect
     from relaykit.worker import Worker
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
     # Imported and waiting: the demo says when to become a worker (see WorkerProcess.serve).
     command = (await asyncio.to_thread(sys.stdin.readline)).split()
     if command[:1] != ["serve"] or len(command) != 2:
         return
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     client = await connect(command[1])
     async with Worker(
         client, travel_assistant, task_queue=task_queue, default_model=spec,
@@ -84,10 +83,10 @@ def worker_main(argv: list[str]) -> None:
     demo agent until SIGTERM."""
     (task_queue,) = argv
     spec = ModelSpec.model_validate_json(os.environ[MODEL_ENV])
-    try:
-        asyncio.run(_serve_demo_agent(task_queue, spec))
-    except KeyboardInterrupt:
-        pass
+    # Ctrl-C in the terminal reaches the whole process group: the demo stops its workers itself
+    # (SIGTERM: a worker that serves stops gracefully; one still waiting just ends).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(_serve_demo_agent(task_queue, spec))
 
 
 @dataclass
@@ -310,6 +309,7 @@ async def run_demo(
     from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
 
     from relaykit.client import connect, start_run
+    from relaykit.workflows.loop import MODEL_ACTIVITY
     from relaykit.dev import SCRIPTED_MODEL_NAME, console, start_server, stop_on_sigterm
 
     choice = demo_model_choice(model)
@@ -378,7 +378,7 @@ async def run_demo(
                 console.print(f"  {line}")
             if not killed:
                 tool_finished = any(
-                    c.finished and c.identity == first.identity and "(" in c.summary
+                    c.finished and c.identity == first.identity and c.kind != MODEL_ACTIVITY
                     for c in story.calls.values()
                 )
                 if (gate is not None and gate.reached.is_set()) or (gate is None and tool_finished):
