@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from contextlib import AsyncExitStack
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,10 +24,9 @@ from typing import Any
 from rich.console import Console
 from temporalio.client import Client
 
-from relaykit.client import connect, start_run
+from relaykit.client import connect
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
-from relaykit.runs import RunEvent
 from relaykit.agent import Agent
 from relaykit.loading import load_agents
 from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
@@ -101,16 +99,6 @@ def choose_model(env: Mapping[str, str] | None = None) -> ModelChoice:
             parse_model("anthropic:claude-sonnet-4-5"), "anthropic:claude-sonnet-4-5"
         )
     return ModelChoice(None, SCRIPTED_LABEL)
-
-
-def _show(event: RunEvent) -> None:
-    data = event.data
-    if event.kind == "tool_call":
-        console.print(f"  [cyan]→ {data['name']}[/cyan]({data['arguments']})")
-    elif event.kind == "tool_result":
-        console.print(f"  [green]← {data['name']}[/green]: {str(data['content'])[:100]}")
-    elif event.kind == "handoff":
-        console.print(f"  [magenta]⇢ handoff {data['from']} → {data['to']}[/magenta]")
 
 
 def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
