@@ -539,8 +539,12 @@ def test_dev_stopped_with_sigterm_stops_its_temporal_server(tmp_path: Path) -> N
 
 
 def test_model_resolution_reads_relaykit_model_keys_and_base_url_the_same_for_every_command(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import relaykit.dev
     from relaykit.dev import choose_model
+
+    monkeypatch.setattr(relaykit.dev, "local_model_available", lambda: True)  # named: chosen
 
     assert choose_model({"RELAYKIT_MODEL": "scripted"}).spec is None
     local = choose_model({"RELAYKIT_MODEL": "local:smollm2"}).spec
