@@ -31,9 +31,10 @@ Instead, a JSON string of at least :data:`BLOB_MIN_BYTES` inside any object writ
 run's folder is cut out and kept once as ``runs/<root>/blobs/<sha256>``; the object itself
 becomes a small manifest of inline bytes and blob references, reassembled byte for byte on
 read (offloaded payloads are then checked against their digest as before). Objects written
-before this, and objects with no large string, are stored whole and read as they are. Bytes a
-codec has encrypted have no strings to share: with an encrypting codec, offloaded payloads stay
-whole (transcript nodes, cut before they are encoded, still share their blobs).
+before this, and objects with no large string, are stored whole and read as they are. With a
+codec, an offloaded payload arrives encoded (opaque bytes with no strings to share); the store
+decodes it, cuts its plaintext the same way and encodes each piece again, so blobs are shared
+and no plaintext is written.
 
 Layout: everything a run writes is under ``runs/<root run id>/`` (child runs share their root's
 folder), so one prefix holds a whole job and ``relaykit gc`` (or a bucket lifecycle rule) can
@@ -408,6 +409,8 @@ class Store:
                     f"object {key} refers to a blob the store {self.location} does not hold",
                     hint="a run's folder is deleted whole (relaykit gc); was part of it removed?",
                 )
+            if hashlib.sha256(blob).hexdigest() != entry[1]:
+                raise StoreError(f"a blob of object {key} does not match its digest")
             out.append(blob)
         return b"".join(out)
 
@@ -505,7 +508,7 @@ def large_strings(document: bytes) -> list[bytes]:
     as they appear in it (quotes included), in document order; none if it is not JSON."""
     try:
         value = json.loads(document)
-    except ValueError:  # also UnicodeDecodeError: not JSON text, nothing to share
+    except (ValueError, RecursionError):  # not JSON text (or nested too deep): nothing to share
         return []
     found: list[str] = []
     stack = [value]
@@ -583,11 +586,23 @@ class StoreDriver(StorageDriver):
             digest = hashlib.sha256(data).hexdigest()
             key = f"{run_prefix(scope)}payloads/{digest}"
             if not await self.target.exists(key):
-                # Only plain JSON has strings to share (an encoded payload is opaque bytes).
-                json_data = payload.data if payload.metadata.get("encoding") == b"json/plain" else b""
-                await self.target.put(key, data, encode=False, document=json_data)
+                await self._put(key, payload, data)
             claims.append(StorageDriverClaim(claim_data={"key": key}))
         return claims
+
+    async def _put(self, key: str, payload: Payload, data: bytes) -> None:
+        if payload.metadata.get("encoding") == b"json/plain":
+            await self.target.put(key, data, encode=False, document=payload.data)
+            return
+        codec = self.target.codec
+        if codec is not None and len(data) >= BLOB_MIN_BYTES:
+            # Encoded (e.g. encrypted) bytes have no strings to share; the plaintext does. It is
+            # stored as the store stores everything with a codec: each piece encoded again.
+            plain = (await codec.decode([payload]))[0]
+            if plain is not payload and plain.metadata.get("encoding") == b"json/plain":
+                await self.target.put(key, plain.SerializeToString(), document=plain.data)
+                return
+        await self.target.put(key, data, encode=False)
 
     async def retrieve(  # type: ignore[override]
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
@@ -610,9 +625,21 @@ class StoreDriver(StorageDriver):
                 f"offloaded payload {key} is not in the store {self.target.location}",
                 hint="every worker and client must use the same RELAYKIT_STORE",
             )
+        if data.startswith(_ENCODED_MAGIC):  # an encoded payload stored as its plaintext's pieces
+            return await self._reencoded(key)
         if hashlib.sha256(data).hexdigest() != parts[3]:
             raise StoreError(f"offloaded payload {key} does not match its digest")
         return Payload.FromString(data)
+
+    async def _reencoded(self, key: str) -> Payload:
+        """The payload under ``key``, encoded again with the codec. Its bytes differ from the
+        ones the digest in ``key`` was taken of (an encrypting codec uses a new nonce), so what
+        vouches for them is the codec (AES-GCM authenticates each piece) and each blob's digest."""
+        codec = self.target.codec
+        plain = await self.target.get(key)  # decoded: raises when this process has no codec
+        if plain is None or codec is None:
+            raise StoreError(f"offloaded payload {key} cannot be read back")
+        return (await codec.encode([Payload.FromString(plain)]))[0]
 
 
 def with_external_storage(

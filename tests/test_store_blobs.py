@@ -3,6 +3,7 @@ its size (tool result, model request, transcript node and run result each carry 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -55,6 +56,34 @@ async def test_a_3mb_tool_result_takes_its_size_in_the_store_once_not_once_per_p
     size = len(result_text.encode())
     assert sum(o.size for o in objects) < 1.2 * size, [(o.key, o.size) for o in objects]
     assert [o.key.split("/")[2] for o in objects if o.size > 100_000] == ["blobs"]
+
+
+async def test_with_an_encrypting_codec_a_3mb_tool_result_is_stored_once_and_never_in_plaintext(
+    client: Client, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    codec = AesGcmCodec()
+    store = Store(tmp_path / "store", codec=codec)
+    converter = dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+    encrypted = await client_with(client, data_converter=with_external_storage(converter, store))
+    result_text = "Jane Roe, IBAN DE44500105175407324931; " * 80_000  # 3.2 MB
+
+    @tool(max_output_chars=4_000_000)
+    def statement() -> str:
+        """The account statement."""
+        return result_text
+
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("statement"), text("Statement read.")])
+    agent = Agent(name="statement_reader", model=model, tools=[statement])
+    async with serving(encrypted, agent, store=store) as worker:
+        handle = await start_run(encrypted, agent, "Read it.", task_queue=worker.task_queue)
+        result = await handle.result()
+    assert result.output == "Statement read."
+    assert [m.content for m in result.transcript if m.role == "tool"] == [result_text]
+    objects = [o async for o in store.list(f"runs/{scope_for(handle.id)}/")]
+    assert sum(o.size for o in objects) < 1.2 * len(result_text), [(o.key, o.size) for o in objects]
+    for path in stored_files(tmp_path / "store"):
+        assert b"IBAN" not in path.read_bytes()
 
 
 async def test_an_object_with_a_large_string_reads_back_byte_for_byte_and_whole_objects_still_read(
