@@ -41,8 +41,11 @@ def page(mb: float) -> str:
     return "".join(out)
 
 
-async def measure(mb: float = 3.0, store_dir: Path | None = None) -> dict[str, Any]:
-    """Run once with a ``mb`` MB tool result; the store's objects and bytes for that run."""
+async def measure(
+    mb: float = 3.0, store_dir: Path | None = None, *, encrypted: bool = False
+) -> dict[str, Any]:
+    """Run once with a ``mb`` MB tool result; the store's objects and bytes for that run
+    (``encrypted``: with relaykit's AES-GCM codec on client, worker and store)."""
     from relaykit import Agent, ModelSpec, Worker, start_run, tool
     from relaykit.client import connect
     from relaykit.devserver import DevServer
@@ -69,8 +72,15 @@ async def measure(mb: float = 3.0, store_dir: Path | None = None) -> dict[str, A
                 model=ModelSpec(name=name, base_url=f"{model.base_url}/v1"),
                 tools=[fetch_page],
             )
-            store = Store(directory)
-            client = await connect(server.address, store=store)
+            codec = None
+            if encrypted:
+                import os
+
+                from relaykit.codecs.aes import AesGcmCodec
+
+                codec = AesGcmCodec(os.urandom(32))
+            store = Store(directory, codec=codec)
+            client = await connect(server.address, store=store, codec=codec)
             queue = f"bytes-{uuid.uuid4().hex[:8]}"
             async with Worker(client, agent, task_queue=queue, store=store):
                 started = time.perf_counter()
@@ -101,8 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=3.0, help="size of the tool result, in MB")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--encrypted", action="store_true", help="with the AES-GCM codec")
     args = parser.parse_args()
-    figures = asyncio.run(measure(args.mb))
+    figures = asyncio.run(measure(args.mb, encrypted=args.encrypted))
     mb = figures["tool_result_bytes"] / 1e6
     print(f"tool result: {figures['tool_result_bytes']} bytes ({mb:.2f} MB)")
     print(
