@@ -355,10 +355,12 @@ async def run_demo(
 
         story = Story()
 
-        async def serve(worker: WorkerProcess) -> None:
+        async def serve(worker: WorkerProcess, indent: str = "") -> None:
             await worker.serve(server.address)
             story.workers[worker.identity] = worker
-            console.print(f"{worker.label} started: a separate process, polling {task_queue}")
+            console.print(
+                f"{indent}{worker.label} started: a separate process, polling {task_queue}"
+            )
 
         first, second = workers
         await serve(first)
@@ -389,7 +391,7 @@ async def run_demo(
                     if gate is not None:
                         gate.done.set()
                     console.print(f"  [bold red]{first.label} killed (SIGKILL){doing}[/bold red]")
-                    await serve(second)
+                    await serve(second, "  ")
             if done:
                 break
             await asyncio.wait({result_task}, timeout=0.2)
@@ -410,7 +412,8 @@ async def run_demo(
                 + ("" if killed else " (the run ended before the demo could kill its worker)")
             )
         console.print(
-            f"served by {choice.label.split(' (')[0]}\n{result.turns} turns · {result.usage.requests} model "
+            f"served by {choice.label.split(' (')[0]}\n{result.turns} turns · "
+            f"{result.usage.requests} model "
             f"calls · {result.usage.total_tokens} tokens · agent {result.final_agent}"
         )
         console.print(f"run in the Temporal UI: {server.ui_link(handle.id)}")
