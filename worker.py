@@ -3,8 +3,8 @@
 It serves the examples' agents (or those named by ``RELAYKIT_AGENTS``) on the task queue
 ``relaykit`` (or ``RELAYKIT_TASK_QUEUE``) of the Temporal server named by ``TEMPORAL_ADDRESS``
 (default ``localhost:7233``) and Temporal's other environment settings. Agents without a model
-get the model ``relaykit dev`` would pick (``RELAYKIT_MODEL``, provider keys, the bundled local
-model, else the scripted stand-in); the first lines say which. Then start runs from anywhere::
+get the model ``relaykit dev`` would pick (``RELAYKIT_MODEL``, which may name the bundled local
+model as ``local``; else provider keys; else the scripted stand-in); the first lines say which. Then start runs from anywhere::
 
     python worker.py
     relaykit run triage "I was charged twice" --wait

@@ -21,8 +21,9 @@ running one, where the turn loop picks it up at its next turn boundary. Any numb
 replicas can serve the same conversation, and a restart of the backend loses nothing.
 
 Only the agent objects live at the top of this module, so ``relaykit worker examples.approvals``
-serves exactly them. Without a model configured, ``relaykit dev examples.approvals`` plays the
-model with :func:`scripted_refunds`, so the approval round trip works offline::
+serves exactly them. With no model configured (no ``RELAYKIT_MODEL``, no provider key),
+``relaykit dev examples.approvals`` plays the model with :func:`scripted_refunds`, so the
+approval round trip works offline and the same way every time::
 
     relaykit dev examples.approvals
     relaykit run refund_agent "Refund order A-1001, the jacket leaks"

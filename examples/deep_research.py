@@ -21,8 +21,9 @@ Serve the agents and start a run (it runs in the background; the command prints 
 ``RELAYKIT_FETCH_ALLOWED_HOSTS=wiki.internal,10.0.0.0/8`` (see docs/research.md).
 
 The agents have no model of their own, so the worker's default model serves both.
-:func:`scripted_research` plays the model for both agents, deterministically (the tests use it;
-it is also a compact picture of the conversation a real model should have).
+:func:`scripted_research` plays the model for both agents, deterministically, when no model is
+configured (``relaykit dev``, ``relaykit worker``, the tests); it is also a compact picture of the
+conversation a real model should have.
 """
 
 from __future__ import annotations

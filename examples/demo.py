@@ -1,8 +1,11 @@
 """The quick-start demo: a travel assistant that needs several tool calls to answer.
 
-Run it with ``relaykit demo`` (embedded Temporal server, worker and run in one command) or serve it
-with ``relaykit worker examples.demo`` and start runs with
-``relaykit run travel_assistant "…" --wait``.
+Run it with ``relaykit demo`` (embedded Temporal server, worker processes and a run in one
+command; the demo kills its first worker mid-run to show the run survive it) or serve it with
+``relaykit worker examples.demo`` and start runs with ``relaykit run travel_assistant "…" --wait``.
+With no model configured, :func:`scripted_demo` plays the model (deterministic: the same calls
+and answer every time); ``relaykit demo --model openai:gpt-4.1`` uses a real one, and
+``--model local`` the bundled tiny model, whose answers are often wrong.
 
 The tools answer from small built-in tables so the demo works offline; swap them for real APIs.
 """
@@ -91,6 +94,8 @@ def scripted_demo(request: ScriptedRequest) -> Step:
         return call("get_weather", cities=["Paris", "Tokyo"])
     if len(results) == 1:
         return call("convert_currency", amount=500, from_currency="EUR", to_currency="JPY")
+    weather = "\n".join(f"- {city}" for city in results[0].split("; "))
     return text(
-        f"{results[0]}. Pack layers and a rain jacket. Your cash: {results[1]}."
+        f"Weather to pack for:\n{weather}\nTake layers and a rain jacket for Paris.\n"
+        f"Your cash: {results[1]}."
     )

@@ -9,8 +9,9 @@ process costs no finished call.
     relaykit dev examples.mcp_research
     relaykit run librarian "How does durable execution survive a crash?" --wait
 
-Everything runs offline. Without a model configured, :func:`scripted_librarian` plays the model
-(search, read the best match, answer from it); with one, the model decides.
+Everything runs offline. With no model configured (no ``RELAYKIT_MODEL``, no provider key),
+:func:`scripted_librarian` plays the model (search, read the best match, answer from it); with
+one, the model decides.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ the notes, and answers once every report is in.
 
 The knowledge tool answers from a small built-in table so the example runs offline; swap it for
 real search. :func:`scripted_research_lead` plays the model for all three agents when no model
-is configured (``relaykit dev``, tests).
+is configured (no ``RELAYKIT_MODEL``, no provider key: ``relaykit dev``, ``relaykit worker``,
+the tests).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ on. Serve the agents and start a run::
 model of their own, so the worker's default model serves all three.
 
 The tools answer from a small built-in account so the example works offline; swap them for your
-billing and status APIs. :func:`scripted_triage` plays the model for all three agents (the tests
-use it; it is also a compact picture of the conversation a real model should have).
+billing and status APIs. :func:`scripted_triage` plays the model for all three agents when no
+model is configured (``relaykit dev``, ``relaykit worker``, the tests); it is also a compact
+picture of the conversation a real model should have.
 """
 
 from __future__ import annotations

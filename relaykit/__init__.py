@@ -9,6 +9,7 @@ from relaykit.codec import PayloadDecodeError, compose_data_converter, load_code
 from relaykit.context_policy import ContextPolicy, default_context_policy
 from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
+from relaykit.fork import ForkError, fork_run
 from relaykit.handoff import (
     Handoff,
     HandoffArgs,
@@ -22,6 +23,7 @@ from relaykit.messages import Message, ToolCall, Usage
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.runs import (
     ApprovalDecision,
+    ForkOrigin,
     PendingApproval,
     RunEvent,
     RunInput,
@@ -68,6 +70,8 @@ __all__ = [
     "Budget",
     "CancelSubagentArgs",
     "ConfigurationError",
+    "ForkError",
+    "ForkOrigin",
     "ContextPolicy",
     "Handoff",
     "HandoffArgs",
@@ -106,6 +110,7 @@ __all__ = [
     "connect",
     "default_context_policy",
     "for_context_rewrite",
+    "fork_run",
     "get_run",
     "load_codec",
     "parse_model",

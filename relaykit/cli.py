@@ -41,6 +41,7 @@ from relaykit.client import (
     task_queue_has_worker,
 )
 from relaykit.errors import RelaykitError, RunFailed
+from relaykit.operate_cli import register as register_operate_commands
 from relaykit.runs import RunResult
 from relaykit.worker import DEFAULT_GRACEFUL_SHUTDOWN, DEFAULT_STICKY_TIMEOUT, DEFAULT_TOOL_THREADS
 
@@ -389,7 +390,8 @@ async def worker(
     """Run a worker serving the agents of a module (and every agent they reach).
 
     Agents without a model get the same one `relaykit dev` would pick (RELAYKIT_MODEL, provider
-    keys, the bundled local model, or the scripted stand-in); the first lines say which.
+    keys, else the scripted stand-in; RELAYKIT_MODEL=local for the bundled tiny model); the
+    first lines say which.
     SIGTERM or Ctrl-C stops it gracefully: it takes no new work, lets calls in flight finish
     (up to --graceful-shutdown seconds) and exits, so a rolling restart stalls no run."""
     from relaykit.dev import run_worker
@@ -1114,18 +1116,27 @@ def demo(
     stay: Annotated[
         bool | None, typer.Option("--stay/--exit", help="Keep the server and UI up afterwards")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model to play the demo (as RELAYKIT_MODEL: openai:gpt-4.1, local, …); "
+                     "default: the deterministic scripted stand-in unless a provider is configured"),
+    ] = None,
 ) -> None:
-    """Run the quick-start demo: embedded server, worker and one multi-step run."""
+    """Run the quick-start demo: embedded server, two worker processes and one multi-step run
+    whose first worker is killed mid-run."""
     from relaykit.dev import run_demo
 
     try:
-        asyncio.run(run_demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay))
+        asyncio.run(run_demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay, model=model))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM
         err_console.print("stopped")
     except RunFailed as exc:
         _fail(f"run failed ({exc.type or 'error'}): {exc.message}")
     except RelaykitError as exc:
         _fail(str(exc))
+
+
+register_operate_commands(app)  # inbox, steer, fork: relaykit/operate_cli.py
 
 
 def main() -> None:

@@ -170,6 +170,12 @@ class RunHandle:
     async def send_message(self, text: str) -> int:
         return await self.workflow.execute_update("send_message", text, result_type=int)
 
+    async def steer(self, text: str) -> bool:
+        """Like :meth:`send_message`, but a model call in flight is cancelled (its answer is
+        never used) and the next one, with ``text``, starts at once; returns whether a call
+        was cancelled."""
+        return await self.workflow.execute_update("steer", text, result_type=bool)
+
     async def pause(self) -> None:
         await self.workflow.signal("pause")
 

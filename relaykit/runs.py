@@ -29,6 +29,7 @@ EventKind = Literal[
     "approval_requested",
     "approval_answered",
     "message_injected",
+    "steered",
     "paused",
     "resumed",
     "subagent_started",
@@ -239,6 +240,16 @@ class RunState(BaseModel):
     """The loop guard's memory of identical tool calls."""
 
 
+class ForkOrigin(BaseModel):
+    """Where a forked run came from: the run and the last of its turns the fork kept."""
+
+    run_id: str
+    turn: int
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.turn}"
+
+
 class RunInput(BaseModel):
     """The input of the ``AgentRun`` workflow."""
 
@@ -274,6 +285,9 @@ class RunInput(BaseModel):
     output_retries: int | None = Field(None, ge=0)
     """Repair requests after an invalid structured answer, for every agent the run reaches
     (``None``: each agent's ``Agent.output_retries``)."""
+    fork: ForkOrigin | None = None
+    """Set by :func:`relaykit.fork_run`: ``input`` holds the origin's first ``fork.turn`` turns,
+    and this run counts its turns on from there."""
 
 
 class RunResult(BaseModel):
@@ -289,6 +303,8 @@ class RunResult(BaseModel):
     before it are in the transcript store, under ``transcript_ref``)."""
     transcript_ref: str | None = None
     transcript_offset: int = 0
+    forked_from: str | None = None
+    """``"<run id>@<turn>"`` for a run started by :func:`relaykit.fork_run`."""
 
 
 class RunSnapshot(BaseModel):

@@ -14,7 +14,8 @@ enabled runs:
 
       temporal operator search-attribute create --namespace default \\
           --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
-          --name RelayTokens --type Int --name RelayParentRun --type Keyword
+          --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
+          --name RelayForkOf --type Keyword
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -50,13 +51,21 @@ RELAY_TOKENS: Final = SearchAttributeKey.for_int("RelayTokens")
 RELAY_PARENT_RUN: Final = SearchAttributeKey.for_keyword("RelayParentRun")
 """For a child run: the workflow id of the run that started it (unset on root runs)."""
 
-ALL: Final[list[SearchAttributeKey[Any]]] = [
+RELAY_FORK_OF: Final = SearchAttributeKey.for_keyword("RelayForkOf")
+"""For a run started by :func:`relaykit.fork_run`: ``"<run id>@<turn>"`` of its origin. Set
+when the fork starts, and only when the namespace has it (namespaces registered before it
+existed still get the others)."""
+
+UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
     RELAY_STATUS,
     RELAY_TOKENS,
     RELAY_PARENT_RUN,
 ]
-"""Every attribute relaykit may write, i.e. what a namespace must have registered."""
+"""What runs write themselves: a worker lets runs upsert only when all of these are registered."""
+
+ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF]
+"""Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
 # The spelling that `temporal` CLI flags (--search-attribute, --type) accept.
 _CLI_TYPE_NAMES: Final[dict[SearchAttributeIndexedValueType, str]] = {
@@ -152,7 +161,8 @@ async def ensure_registered(
 
 
 async def registered(client: Any) -> bool:
-    """Whether the client's namespace has all of relaykit's search attributes. Upserting an
+    """Whether the client's namespace has the search attributes runs upsert (RelayForkOf, set
+    only when a fork starts, may be missing on namespaces registered before it). Upserting an
     unregistered one fails every workflow task, so workers (and the replay check, which must
     replay as they would) let runs upsert them only then."""
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
@@ -164,4 +174,4 @@ async def registered(client: Any) -> bool:
     except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
         return False
     known = set(response.custom_attributes)
-    return all(key.name in known for key in ALL)
+    return all(key.name in known for key in UPSERTED)

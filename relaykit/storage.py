@@ -24,6 +24,18 @@ one Arrow, DataFusion and Polars use): async, no boto dependency at runtime, and
 credentials follow each cloud's standard environment. ``StoreDriver`` is our own small
 Temporal ``StorageDriver`` on top of it.
 
+Large strings are stored once. A tool result of a few MB travels in several payloads: the tool
+activity's result, the next model request, the transcript node the model call stores, the run's
+result. Each is a different object, so content addressing of whole objects would keep every copy.
+Instead, a JSON string of at least :data:`BLOB_MIN_BYTES` inside any object written under a
+run's folder is cut out and kept once as ``runs/<root>/blobs/<sha256>``; the object itself
+becomes a small manifest of inline bytes and blob references, reassembled byte for byte on
+read (offloaded payloads are then checked against their digest as before). Objects written
+before this, and objects with no large string, are stored whole and read as they are. With a
+codec, an offloaded payload arrives encoded (opaque bytes with no strings to share); the store
+decodes it, cuts its plaintext the same way and encodes each piece again, so blobs are shared
+and no plaintext is written.
+
 Layout: everything a run writes is under ``runs/<root run id>/`` (child runs share their root's
 folder), so one prefix holds a whole job and ``relaykit gc`` (or a bucket lifecycle rule) can
 delete it when the job is over. Keys are built only from validated parts: digests must be
@@ -79,6 +91,11 @@ NO_RUN_SCOPE = "_"
 
 _ENCODED_MAGIC = b"RKC1"
 """Prefix of objects written through a codec: the rest is a serialised, encoded ``Payload``."""
+_MANIFEST_MAGIC = b"RKB1"
+"""Prefix of an object whose large strings are blobs: a 4-byte header length, the JSON header
+(``[[inline length] | [blob length, sha256], ...]``), then the inline bytes in order."""
+BLOB_MIN_BYTES = 64 * 1024
+"""A JSON string at least this long (escaped) inside a stored object is kept once, as a blob."""
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_%-][A-Za-z0-9_.%-]*\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 _URL_CONFIG = {
@@ -285,9 +302,39 @@ class Store:
 
     # --- bytes ----------------------------------------------------------------------------------
 
-    async def put(self, key: str, data: bytes, *, encode: bool = True) -> None:
-        """Write ``data`` under ``key`` (encoded with the codec unless ``encode=False``)."""
+    async def put(
+        self, key: str, data: bytes, *, encode: bool = True, document: bytes | None = None
+    ) -> None:
+        """Write ``data`` under ``key`` (encoded with the codec unless ``encode=False``). The
+        large strings of the JSON ``document`` (default: ``data`` itself) found in ``data`` are
+        stored once per run folder (see :func:`split_large_strings`)."""
         _check_key(key)
+        folder = _run_folder(key)
+        if folder is not None and len(data) >= BLOB_MIN_BYTES:
+            parts = split_large_strings(data, data if document is None else document)
+            if any(isinstance(part, Blob) for part in parts):
+                data = await self._put_blobs(folder, parts, encode=encode)
+        await self._put_object(key, data, encode=encode)
+
+    async def _put_blobs(
+        self, folder: str, parts: list[bytes | Blob], *, encode: bool
+    ) -> bytes:
+        """Store the blobs of ``parts`` (each once) and return the manifest that stands for them."""
+        header: list[list[int | str]] = []
+        inline: list[bytes] = []
+        for part in parts:
+            if isinstance(part, Blob):
+                key = f"{folder}blobs/{part.digest}"
+                if not await self.exists(key):
+                    await self._put_object(key, part.data, encode=encode)
+                header.append([len(part.data), part.digest])
+            else:
+                header.append([len(part)])
+                inline.append(part)
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        return b"".join([_MANIFEST_MAGIC, len(encoded).to_bytes(4, "big"), encoded, *inline])
+
+    async def _put_object(self, key: str, data: bytes, *, encode: bool) -> None:
         if encode and self.codec is not None:
             payload = Payload(metadata={"encoding": b"binary/plain"}, data=data)
             encoded = (await self.codec.encode([payload]))[0]
@@ -329,6 +376,45 @@ class Store:
 
     async def get(self, key: str, *, decode: bool = True) -> bytes | None:
         """The object under ``key`` (decoded with the codec), or ``None`` if there is none."""
+        data = await self._get_object(key, decode=decode)
+        if data is None or not data.startswith(_MANIFEST_MAGIC):
+            return data
+        return await self._assemble(key, data)
+
+    async def _assemble(self, key: str, manifest: bytes) -> bytes:
+        folder = _run_folder(key)
+        try:
+            size = int.from_bytes(manifest[4:8], "big")
+            header = json.loads(manifest[8 : 8 + size])
+        except ValueError:
+            raise StoreError(f"object {key} has a damaged blob manifest") from None
+        if folder is None or not isinstance(header, list):
+            raise StoreError(f"object {key} has a damaged blob manifest")
+        digests = [entry[1] for entry in header if isinstance(entry, list) and len(entry) == 2]
+        blobs = await asyncio.gather(
+            *(self._get_object(f"{folder}blobs/{check_hex(d, 64)}", decode=True) for d in digests)
+        )
+        found = dict(zip(digests, blobs))
+        out: list[bytes] = []
+        offset = 8 + size
+        for entry in header:
+            length = entry[0]
+            if len(entry) == 1:
+                out.append(manifest[offset : offset + length])
+                offset += length
+                continue
+            blob = found[entry[1]]
+            if blob is None or len(blob) != length:
+                raise StoreError(
+                    f"object {key} refers to a blob the store {self.location} does not hold",
+                    hint="a run's folder is deleted whole (relaykit gc); was part of it removed?",
+                )
+            if hashlib.sha256(blob).hexdigest() != entry[1]:
+                raise StoreError(f"a blob of object {key} does not match its digest")
+            out.append(blob)
+        return b"".join(out)
+
+    async def _get_object(self, key: str, *, decode: bool) -> bytes | None:
         _check_key(key)
         try:
             result = await obstore.get_async(self._backend(), key)
@@ -400,6 +486,72 @@ def run_prefix(scope: str) -> str:
     return f"{RUNS_PREFIX}/{scope}/"
 
 
+def _run_folder(key: str) -> str | None:
+    """``runs/<scope>/`` of a key inside a run's folder (blobs are kept per run, so ``relaykit
+    gc`` deletes them with it); ``None`` for keys elsewhere and for blobs themselves."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != RUNS_PREFIX or parts[2] == "blobs":
+        return None
+    return run_prefix(parts[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Blob:
+    """A large string cut out of an object: its bytes (quotes included) and their SHA-256."""
+
+    data: bytes
+    digest: str
+
+
+def large_strings(document: bytes) -> list[bytes]:
+    """The strings of the JSON ``document`` at least :data:`BLOB_MIN_BYTES` long once encoded,
+    as they appear in it (quotes included), in document order; none if it is not JSON."""
+    try:
+        value = json.loads(document)
+    except (ValueError, RecursionError):  # not JSON text (or nested too deep): nothing to share
+        return []
+    found: list[str] = []
+    stack = [value]
+    while stack:  # depth-first, children pushed in reverse: strings come out in document order
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) * 4 >= BLOB_MIN_BYTES:  # may reach the size once encoded
+                found.append(item)
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                stack.extend((child, key))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    encoded = (json.dumps(text, ensure_ascii=False).encode() for text in found)
+    return [piece for piece in encoded if len(piece) >= BLOB_MIN_BYTES]
+
+
+def split_large_strings(data: bytes, document: bytes | None = None) -> list[bytes | Blob]:
+    """``data`` as inline pieces and :class:`Blob` s, which joined give ``data`` back exactly.
+
+    The blobs are the large strings of the JSON ``document`` (default ``data``; an offloaded
+    payload passes its JSON data, which its serialised form holds as it is), found in ``data``
+    byte for byte. Equal strings in different objects (a tool result inside a model request, a
+    transcript node and a run result) give equal blobs: the JSON encoders relaykit uses
+    (pydantic's and the standard library's with ``ensure_ascii=False``) escape a string the same
+    way. A string escaped another way is not found, and stays inline: a missed share costs
+    bytes, never correctness. JSON is parsed by the standard library's C parser and the strings
+    are found with ``bytes.find``, so a few MB take milliseconds."""
+    parts: list[bytes | Blob] = []
+    cursor = 0
+    for piece in large_strings(data if document is None else document):
+        start = data.find(piece, cursor)
+        if start < 0:
+            continue
+        if start > cursor:
+            parts.append(data[cursor:start])
+        parts.append(Blob(piece, hashlib.sha256(piece).hexdigest()))
+        cursor = start + len(piece)
+    if cursor < len(data):
+        parts.append(data[cursor:])
+    return parts
+
+
 # --- Temporal external payload storage --------------------------------------------------------
 
 
@@ -434,9 +586,23 @@ class StoreDriver(StorageDriver):
             digest = hashlib.sha256(data).hexdigest()
             key = f"{run_prefix(scope)}payloads/{digest}"
             if not await self.target.exists(key):
-                await self.target.put(key, data, encode=False)
+                await self._put(key, payload, data)
             claims.append(StorageDriverClaim(claim_data={"key": key}))
         return claims
+
+    async def _put(self, key: str, payload: Payload, data: bytes) -> None:
+        if payload.metadata.get("encoding") == b"json/plain":
+            await self.target.put(key, data, encode=False, document=payload.data)
+            return
+        codec = self.target.codec
+        if codec is not None and len(data) >= BLOB_MIN_BYTES:
+            # Encoded (e.g. encrypted) bytes have no strings to share; the plaintext does. It is
+            # stored as the store stores everything with a codec: each piece encoded again.
+            plain = (await codec.decode([payload]))[0]
+            if plain is not payload and plain.metadata.get("encoding") == b"json/plain":
+                await self.target.put(key, plain.SerializeToString(), document=plain.data)
+                return
+        await self.target.put(key, data, encode=False)
 
     async def retrieve(  # type: ignore[override]
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
@@ -459,9 +625,21 @@ class StoreDriver(StorageDriver):
                 f"offloaded payload {key} is not in the store {self.target.location}",
                 hint="every worker and client must use the same RELAYKIT_STORE",
             )
+        if data.startswith(_ENCODED_MAGIC):  # an encoded payload stored as its plaintext's pieces
+            return await self._reencoded(key)
         if hashlib.sha256(data).hexdigest() != parts[3]:
             raise StoreError(f"offloaded payload {key} does not match its digest")
         return Payload.FromString(data)
+
+    async def _reencoded(self, key: str) -> Payload:
+        """The payload under ``key``, encoded again with the codec. Its bytes differ from the
+        ones the digest in ``key`` was taken of (an encrypting codec uses a new nonce), so what
+        vouches for them is the codec (AES-GCM authenticates each piece) and each blob's digest."""
+        codec = self.target.codec
+        plain = await self.target.get(key)  # decoded: raises when this process has no codec
+        if plain is None or codec is None:
+            raise StoreError(f"offloaded payload {key} cannot be read back")
+        return (await codec.encode([Payload.FromString(plain)]))[0]
 
 
 def with_external_storage(

@@ -418,7 +418,8 @@ class RunStream:
             tail = self._close_delta(run, str(data.get("text", "")))
             if tail is not None:
                 yield self._stamp(tail)
-        if event.kind in ("message", "context_compacted", "continued_as_new"):
+        # A steer abandons the text of the call in flight: what follows is a new call's.
+        if event.kind in ("message", "context_compacted", "continued_as_new", "steered"):
             run.delta = None
         run.seq = event.seq + 1
         run.agent, run.turn, run.run_path = event.agent, event.turn, list(event.run_path)

@@ -71,6 +71,9 @@ def describe(item: StreamEvent) -> str:
         return f"{verdict} call {data.get('call_id')}{reason}"
     if kind == "message_injected":
         return f"user: {_short(data.get('text', ''))}"
+    if kind == "steered":
+        abandoned = " (the model call in flight was abandoned)" if data.get("cancelled_call") else ""
+        return f"steered: {_short(data.get('text', ''))}{abandoned}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"
     if kind == "subagent_finished":
@@ -148,7 +151,7 @@ class WatchState:
         if self.started is None and item.kind == "run_started":
             self.started = item.at
         kind = item.kind
-        if kind == "message":
+        if kind in ("message", "steered"):  # a steer abandons the partial text
             self.streaming.pop(item.workflow_id, None)
         elif kind == "tool_call":
             call_id = str(data.get("call_id"))

@@ -50,7 +50,7 @@ def test_demo_runs_a_multi_step_run_on_the_embedded_server(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stderr
     assert "scripted stand-in model" in done.stderr
-    assert "→ get_weather" in done.stderr and "→ convert_currency" in done.stderr
+    assert "ran get_weather" in done.stderr and "ran convert_currency" in done.stderr
     assert "500.00 EUR = 81967.21 JPY" in done.stdout
     assert f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/travel_assistant-" in done.stdout
     assert (tmp_path / "temporal.db").exists()
@@ -539,8 +539,12 @@ def test_dev_stopped_with_sigterm_stops_its_temporal_server(tmp_path: Path) -> N
 
 
 def test_model_resolution_reads_relaykit_model_keys_and_base_url_the_same_for_every_command(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import relaykit.dev
     from relaykit.dev import choose_model
+
+    monkeypatch.setattr(relaykit.dev, "local_model_available", lambda: True)  # named: chosen
 
     assert choose_model({"RELAYKIT_MODEL": "scripted"}).spec is None
     local = choose_model({"RELAYKIT_MODEL": "local:smollm2"}).spec

@@ -119,6 +119,7 @@ def test_search_attribute_commands() -> None:
         "RelayStatus=Keyword",
         "RelayTokens=Int",
         "RelayParentRun=Keyword",
+        "RelayForkOf=Keyword",
     ]
     args = search_attributes.operator_create_args("prod", address="temporal:7233")
     assert args[:5] == ["operator", "search-attribute", "create", "--namespace", "prod"]

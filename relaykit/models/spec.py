@@ -25,6 +25,8 @@ _COMPATIBLE_SERVERS: dict[str, str] = {
 }
 
 
+DEFAULT_LOCAL_MODEL = "smollm2"
+"""What ``"local"`` names: the model the quick start installs."""
 LOCAL_CONTEXT_WINDOW = 4096
 """Context window (tokens) of the bundled local model's server: SmolLM2 was trained for 8k,
 but on a small CPU prompt processing dominates, and half of that keeps each turn quick."""
@@ -76,7 +78,7 @@ class ModelSpec(CompactModel):
 
 def parse_model(model: str | ModelSpec) -> ModelSpec:
     """``"openai:gpt-4.1-mini"``, ``"anthropic:claude-sonnet-4-5"``, ``"ollama:llama3.2"``,
-    ``"local:smollm2"``, or a bare name (taken as OpenAI-compatible)."""
+    ``"local:smollm2"`` (or just ``"local"``), or a bare name (taken as OpenAI-compatible)."""
     if isinstance(model, ModelSpec):
         return model
     if not isinstance(model, str) or not model.strip():
@@ -84,6 +86,8 @@ def parse_model(model: str | ModelSpec) -> ModelSpec:
             f"model must be a non-empty string or a ModelSpec, got {model!r}",
             hint='use e.g. "openai:gpt-4.1-mini" or "anthropic:claude-sonnet-4-5"',
         )
+    if model.strip() in ("local", "local:"):  # the bundled model, as `relaykit demo --model local`
+        model = f"local:{DEFAULT_LOCAL_MODEL}"
     prefix, sep, name = model.partition(":")
     if not sep:
         return ModelSpec(provider="openai", name=model)

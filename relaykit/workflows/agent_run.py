@@ -188,6 +188,16 @@ class AgentRun:
     # --- mailbox, pause, resume -----------------------------------------------------------------
 
     @workflow.update
+    def steer(self, text: str) -> bool:
+        """Correct the run now: ``text`` goes to the next model call, and the call in flight (if
+        any) is cancelled, its answer unused; returns whether a call was cancelled."""
+        return self._loop.steer(text)
+
+    @steer.validator
+    def _validate_steer(self, text: str) -> None:
+        self._validate_send_message(text)
+
+    @workflow.update
     def send_message(self, text: str) -> int:
         """Queue a user message for the next turn boundary; returns its place in the queue."""
         self._loop.state.mailbox.append(text)

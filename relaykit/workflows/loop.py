@@ -69,6 +69,7 @@ class TurnLoop:
         self.approvals = Approvals(self.run_state)
         self.tasks = SubagentTasks(self.run_state)
         self.tools = ToolPath(self.run_state, self.approvals, self.tasks)
+        self.model_calls = model_turn.ModelCalls()
         self._turns_this_run = 0
         self._last_input_tokens = 0
 
@@ -137,7 +138,13 @@ class TurnLoop:
             self._turns_this_run += 1
             agent = self.current_agent
             with self.turn_group(agent):  # [observability] one event group per turn
-                response = await self._call_model(agent)
+                try:
+                    response = await self._call_model(agent)
+                except model_turn.SteeredAway:  # the steer's text enters at the boundary
+                    self.model_calls.steered = False  # and the same turn runs again
+                    state.turn -= 1
+                    self._turns_this_run -= 1
+                    continue
             message = response.message.model_copy(update={"agent": agent.name})
             calls, message, corrected = self.tools.check(message)
             state.transcript.append(message)
@@ -179,6 +186,8 @@ class TurnLoop:
         else:
             state.transcript.extend(given)
         state.task = next((m for m in state.transcript if m.role == "user"), None)
+        if self.input.fork is not None:  # a fork goes on from its origin's turn
+            state.turn = self.input.fork.turn
         self.run_state.emit(
             "run_started", {"input": given if isinstance(given, str) else len(given)}
         )
@@ -220,6 +229,14 @@ class TurnLoop:
                 },
             )
 
+    def steer(self, text: str) -> bool:
+        """Queue ``text`` for the next model call and cancel the call in flight, if any (its
+        answer is dropped and it does not count as a turn); returns whether one was cancelled."""
+        self.state.mailbox.append(text)
+        cancelled = self.model_calls.steer()
+        self.run_state.emit("steered", {"text": text, "cancelled_call": cancelled})
+        return cancelled
+
     async def _summarize(self, messages: list[Message], instructions: str) -> str:
         agent = self.current_agent
         request = ModelRequest(
@@ -227,7 +244,7 @@ class TurnLoop:
             system=instructions,
             messages=[long_runs.summary_prompt(messages)],
         )
-        response = await model_turn.execute_model_call(self.run_state, request, agent)
+        response = await self.model_calls.execute(self.run_state, request, agent)
         self.run_state.add_usage(response.usage)
         return response.message.content
 
@@ -254,7 +271,7 @@ class TurnLoop:
         for attempt in range(3):
             request = self.build_request(agent)
             try:
-                response = await model_turn.execute_model_call(run, request, agent)
+                response = await self.model_calls.execute(run, request, agent)
                 break
             except ActivityError as exc:
                 cause = exc.cause
@@ -315,6 +332,7 @@ class TurnLoop:
             transcript=state.transcript,
             transcript_ref=state.context_ref,
             transcript_offset=state.transcript_offset,
+            forked_from=str(self.input.fork) if self.input.fork is not None else None,
         )
 
     # --- 4. the switch --------------------------------------------------------------------------

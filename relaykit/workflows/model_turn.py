@@ -5,7 +5,8 @@ instructions, the subagent guidance, the run's extra instructions), the transcri
 transcript seam sends it (:mod:`relaykit.workflows.context`), the tools of the tool path, the
 output schema and the settings (tools are withheld on the last allowed turn and when the loop
 guard says the model must answer). The turn loop counts the response's usage and records what
-the model workers stored.
+the model workers stored. A steer cancels the call in flight (:meth:`ModelCalls.steer`); the
+turn loop then drops it and takes the same turn again with the person's text.
 
 Workflow code: deterministic, no I/O (the model call is the ``relaykit.model_call`` activity).
 """
@@ -13,6 +14,7 @@ Workflow code: deterministic, no I/O (the model call is the ``relaykit.model_cal
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -94,10 +96,33 @@ def build_request(
     return run.transport.shrink(run.state, request)
 
 
-async def execute_model_call(run: Run, request: ModelRequest, agent: Agent) -> ModelResponse:
-    spec = request.model
-    try:
-        response: ModelResponse = await workflow.execute_activity(
+class SteeredAway(Exception):
+    """The model call in flight was cancelled by a steer (not by the run's cancellation)."""
+
+
+class ModelCalls:
+    """The model calls of one run, and the one in flight, so that a steer can cancel it."""
+
+    def __init__(self) -> None:
+        self._in_flight: Any = None
+        self.steered = False
+        """A steer cancelled the call in flight; the turn loop resets it once it has dropped
+        that call."""
+
+    def steer(self) -> bool:
+        """Cancel the call in flight, if any (its answer is never used); whether one was."""
+        call = self._in_flight
+        cancelled = call is not None and not call.done()
+        if cancelled:
+            self.steered = True
+            call.cancel()
+        return cancelled
+
+    async def execute(self, run: Run, request: ModelRequest, agent: Agent) -> ModelResponse:
+        spec = request.model
+        # Started as a handle (the same command as execute_activity) so that a steer can cancel
+        # it; TRY_CANCEL, the default, means the run does not wait for the cancel to land.
+        self._in_flight = workflow.start_activity(
             MODEL_ACTIVITY,
             request,
             result_type=ModelResponse,
@@ -106,20 +131,26 @@ async def execute_model_call(run: Run, request: ModelRequest, agent: Agent) -> M
             retry_policy=MODEL_RETRY,
             summary=f"{agent.name} · turn {run.state.turn} · {spec.label}",
         )
-        return response
-    except ActivityError as exc:
-        if is_cancelled_exception(exc):
-            raise  # the run is being cancelled: end as cancelled, not failed
-        cause = exc.cause
-        if isinstance(cause, ApplicationError) and cause.type in (
-            TRANSCRIPT_MISSING,
-            REQUEST_PART_MISSING,
-        ):
-            if request.base_ref is not None or request.static_ref is not None:
-                raise
-        kind = cause.type if isinstance(cause, ApplicationError) else None
-        detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
-        run.fail(
-            f"model call failed for agent {agent.name!r} at turn {run.state.turn}: {detail}",
-            kind or errors.MODEL_CALL_FAILED,
-        )
+        try:
+            response: ModelResponse = await self._in_flight
+            return response
+        except ActivityError as exc:
+            if is_cancelled_exception(exc):
+                if self.steered:  # a person steered the run: this answer is never used
+                    raise SteeredAway() from None
+                raise  # the run is being cancelled: end as cancelled, not failed
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type in (
+                TRANSCRIPT_MISSING,
+                REQUEST_PART_MISSING,
+            ):
+                if request.base_ref is not None or request.static_ref is not None:
+                    raise
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            detail = cause.message if cause is not None and hasattr(cause, "message") else str(exc)
+            run.fail(
+                f"model call failed for agent {agent.name!r} at turn {run.state.turn}: {detail}",
+                kind or errors.MODEL_CALL_FAILED,
+            )
+        finally:
+            self._in_flight = None

@@ -1,0 +1,261 @@
+"""Forking a run: a new ``AgentRun`` that starts from turn N of an existing one.
+
+The origin's transcript is read from its Temporal history, not from its live state: every model
+call is an activity whose input holds the messages sent since the prefix the previous call
+stored (``base_ref``/``base_count``) or the whole transcript (inline), and whose result holds the
+model's message. Replaying those in order rebuilds exactly what the model saw at each turn,
+across continue-as-new (each run of the chain is read; turns count from the first start), after
+handoffs (the turn's agent is in the call's summary) and after transcript rewrites (an inline
+request replaces what came before). Nothing runs again: the new run's input is the transcript of
+turns 1..N, so its first activity is the model call of turn N+1.
+
+Turn N is the model call N, the tool calls it asked for and their results. What the fork keeps
+is what the model call N+1 was sent, up to and including turn N's tool results: messages that
+entered at the following turn boundary (injected messages, reports) are not part of turn N. A
+turn whose tool calls have no results yet (running, or waiting for approval) cannot be forked
+from; a final answer can.
+
+The origin is untouched. The new run records where it came from in its input
+(:class:`~relaykit.runs.ForkOrigin`), its result (``forked_from``) and, when the namespace has
+it, the search attribute ``RelayForkOf``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
+
+from relaykit.client import RunHandle
+from relaykit.errors import RelaykitError
+from relaykit.messages import Message, ModelResponse
+from relaykit.models.spec import ModelRequest
+from relaykit.runs import ForkOrigin, RunInput, RunResult
+from relaykit.search_attributes import RELAY_FORK_OF
+from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, MODEL_ACTIVITY
+
+
+class ForkError(RelaykitError):
+    """A run cannot be forked at the turn asked for (unknown run, turn out of range, tools of
+    the turn still running)."""
+
+
+@dataclass
+class _ModelCall:
+    turn: int
+    agent: str
+    request: ModelRequest
+    response: ModelResponse | None = None
+
+
+@dataclass
+class TurnView:
+    """What the model was sent at one turn, and what it answered."""
+
+    turn: int
+    agent: str
+    sent: list[Message]
+    answer: Message | None = None
+
+
+@dataclass
+class RunTurns:
+    """A run's turns as its history recorded them."""
+
+    first_input: RunInput
+    task_queue: str
+    open: bool
+    turns: dict[int, TurnView] = field(default_factory=dict)
+
+    def finished(self) -> int:
+        """The last turn a fork can start from (0 if none)."""
+        return max((n for n in self.turns if self.cut(n) is not None), default=0)
+
+    def cut(self, n: int) -> tuple[list[Message], str] | None:
+        """Turns 1..n and the agent active after turn n, or ``None`` if turn n is unfinished."""
+        after = self.turns.get(n + 1)
+        if after is not None:  # what the next call was sent holds turn n's results
+            return _through_last_turn(after.sent), after.agent
+        view = self.turns.get(n)
+        if view is not None and view.answer is not None and not view.answer.tool_calls:
+            return [*view.sent, view.answer], view.agent
+        return None
+
+
+def _through_last_turn(sent: list[Message]) -> list[Message]:
+    """``sent`` up to the last model message and the tool results of its calls (leaving out
+    what entered at the turn boundary after them)."""
+    last = max((i for i, m in enumerate(sent) if m.role == "assistant"), default=-1)
+    if last < 0:
+        return list(sent)
+    ids = {call.id for call in sent[last].tool_calls}
+    end = last + 1
+    while end < len(sent) and sent[end].role == "tool" and sent[end].tool_call_id in ids:
+        end += 1
+    return list(sent[:end])
+
+
+async def _runs_of_chain(client: Client, run_id: str) -> tuple[list[Any], Any]:
+    """Histories of every run of ``run_id``'s continue-as-new chain, first run first, and the
+    description of the current one."""
+    handle = client.get_workflow_handle(run_id)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise ForkError(
+                f"no run with id {run_id!r} in namespace {client.namespace!r}",
+                hint="`relaykit runs` lists the runs that exist",
+            ) from None
+        raise
+    if description.workflow_type != AGENT_RUN_WORKFLOW:
+        raise ForkError(f"{run_id!r} is a {description.workflow_type} workflow, not an agent run")
+    histories: list[list[Any]] = []
+    current: str | None = description.run_id
+    while current:
+        events = [
+            event
+            async for event in client.get_workflow_handle(run_id, run_id=current).fetch_history_events()
+        ]
+        histories.append(events)
+        started = events[0].workflow_execution_started_event_attributes
+        current = started.continued_execution_run_id or None
+    histories.reverse()
+    return histories, description
+
+
+async def read_turns(client: Client, run_id: str) -> RunTurns:
+    """Rebuild ``run_id``'s turns from its history (see the module's docstring)."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    histories, description = await _runs_of_chain(client, run_id)
+    convert = client.data_converter
+    started = histories[0][0].workflow_execution_started_event_attributes
+    [first_input] = await convert.decode(started.input.payloads, [RunInput])
+    calls: list[_ModelCall] = []
+    for events in histories:
+        by_event: dict[int, _ModelCall] = {}
+        for event in events:
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                attrs = event.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name != MODEL_ACTIVITY:
+                    continue
+                [request] = await convert.decode(attrs.input.payloads, [ModelRequest])
+                [summary] = await convert.decode([event.user_metadata.summary], [str])
+                # "<agent> · turn <n> · <model>" (the summary the loop writes for each call)
+                agent, turn, *_ = summary.split(" · ")
+                call = _ModelCall(int(turn.removeprefix("turn ")), agent, request)
+                by_event[event.event_id] = call
+                calls.append(call)
+            elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                attrs = event.activity_task_completed_event_attributes
+                call = by_event.get(attrs.scheduled_event_id)
+                if call is not None:
+                    [call.response] = await convert.decode(attrs.result.payloads, [ModelResponse])
+    runs = RunTurns(
+        first_input=first_input,
+        task_queue=description.task_queue or "",
+        open=description.status == WorkflowExecutionStatus.RUNNING,
+    )
+    transcript: list[Message] = []
+    for call in calls:
+        request = call.request
+        if request.base_ref is not None:
+            transcript = transcript[: request.base_count] + list(request.messages)
+        else:
+            transcript = list(request.messages)
+        view = TurnView(call.turn, call.agent, list(transcript))
+        runs.turns[call.turn] = view  # a turn resent inline (store missing) keeps the last
+        if call.response is not None:
+            answer = call.response.message.model_copy(update={"agent": call.agent})
+            view.answer = answer
+            transcript = [*transcript, answer]
+    return runs
+
+
+async def _fork_attribute_registered(client: Client) -> bool:
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    try:
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+    except Exception:  # noqa: BLE001 - no operator permission: leave the attribute out
+        return False
+    return RELAY_FORK_OF.name in listed.custom_attributes
+
+
+async def fork_run(
+    client: Client,
+    run_id: str,
+    at_turn: int,
+    *,
+    input: str | None = None,
+    id: str | None = None,
+) -> RunHandle:
+    """Start a new run from turn ``at_turn`` of ``run_id`` (running or closed, however it
+    ended) and return its handle: its transcript is the origin's turns 1..``at_turn``, its agent
+    the one active after that turn, then ``input`` as a user message. No tool of those turns
+    runs again, the origin is untouched, and the new run counts turns on from ``at_turn``.
+
+    Raises :class:`ForkError` for an unknown run, a turn outside the finished turns, or a turn
+    whose tool calls have no results yet.
+    """
+    runs = await read_turns(client, run_id)
+    finished = runs.finished()
+    if at_turn < 1 or at_turn > max(runs.turns, default=0):
+        raise ForkError(
+            f"run {run_id!r} has {finished} finished turn{'s' if finished != 1 else ''}: "
+            f"cannot fork at turn {at_turn}",
+            hint=f"--at-turn takes 1..{finished}" if finished else "wait for its first turn",
+        )
+    cut = runs.cut(at_turn)
+    if cut is None:
+        view = runs.turns[at_turn]
+        if view.answer is None:
+            why = "its model call is still running" if runs.open else "its model call never finished"
+        elif runs.open:
+            why = "its tool calls are still running (or waiting for approval)"
+        else:
+            why = "the run ended before its tool calls finished"
+        raise ForkError(
+            f"turn {at_turn} of run {run_id!r} cannot be forked from: {why}",
+            hint=f"fork at an earlier turn (1..{finished})" if finished else "wait for it",
+        )
+    messages, agent = cut
+    if input:
+        messages = [*messages, Message.user(input)]
+    origin = ForkOrigin(run_id=run_id, turn=at_turn)
+    base = runs.first_input
+    new_input = RunInput(
+        agent=agent,
+        input=messages,
+        max_turns=max(base.max_turns, at_turn + 1),
+        answer_on_last_turn=base.answer_on_last_turn,
+        budget=base.budget,
+        extra_instructions=base.extra_instructions,
+        context=base.context,
+        transcript_transport=base.transcript_transport,
+        continue_as_new_after_turns=base.continue_as_new_after_turns,
+        continue_as_new_after_events=base.continue_as_new_after_events,
+        fork=origin,
+    )
+    options: dict[str, Any] = {}
+    if await _fork_attribute_registered(client):
+        options["search_attributes"] = TypedSearchAttributes([SearchAttributePair(RELAY_FORK_OF, str(origin))])
+    new_id = id or f"{run_id}-fork{at_turn}-{uuid.uuid4().hex[:6]}"
+    handle = await client.start_workflow(
+        AGENT_RUN_WORKFLOW,
+        new_input,
+        id=new_id,
+        task_queue=runs.task_queue,
+        result_type=RunResult,
+        static_summary=f"{agent}: fork of {origin}" + (f": {input[:160]}" if input else ""),
+        **options,
+    )
+    return RunHandle(handle, client)

@@ -1,0 +1,137 @@
+"""Steering a run (``RunHandle.steer``, ``relaykit steer``): the model call in flight is cancelled
+and the next one answers the corrected question, against the real dev server, a worker and the
+scripted model over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from relaykit import Agent, start_run, tool
+from relaykit.devserver import DevServer
+from relaykit.watch import describe
+from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
+from tests.support import history_events, scripted_model, serving
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+async def eventually(check: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def cli(*args: str, address: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relaykit.cli", *args, cwd=REPO_ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def event_types(history: list[Any]) -> list[int]:
+    return [event.event_type for event in history]
+
+
+async def test_a_steer_cancels_the_held_model_call_and_the_next_call_answers_the_steered_question(
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
+) -> None:
+    # The first call is held (a slow model): the steer cancels it, the activity stops, its
+    # answer is never used, it is not a turn, and the next call, with the steer's text, answers.
+    held, second = threading.Event(), threading.Event()
+    model = scripted_model(model_server)
+
+    def respond(request: ScriptedRequest) -> Any:
+        if request.last_user_text == "actually: the weather in Tokyo":
+            return text("Tokyo: sunny", hold=second)
+        return text("Paris: rainy (the wrong question)", hold=held)
+
+    model_server.respond(model.name, respond)
+    agent = Agent(name="steered_assistant", model=model)
+    try:
+        async with serving(client, agent) as worker:
+            handle = await start_run(client, agent, "the weather in Paris", task_queue=worker.task_queue)
+            await asyncio.to_thread(model_server.wait_for_requests, model.name, 1, 20.0)
+            code, out, err = await cli("steer", handle.id, "actually: the weather in Tokyo",
+                                       address=temporal_server.address)
+            assert code == 0, err
+            await asyncio.to_thread(model_server.wait_for_requests, model.name, 2, 20.0)
+
+            async def first_call_stopped() -> bool:  # the cancel reached the activity
+                return EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED in event_types(
+                    await history_events(handle.workflow))
+
+            await eventually(first_call_stopped, "the held model call to be cancelled")
+            second.set()
+            result = await handle.result()
+            events = await handle.events()
+            shown = [describe(item) async for item in handle.stream(deltas=False)
+                     if item.kind == "steered"]
+    finally:
+        held.set()
+        second.set()
+    assert out.strip() == "steered: the model call in flight was cancelled; the next one has your message"
+    assert result.output == "Tokyo: sunny"
+    assert result.turns == 1 and result.usage.requests == 1
+    assert [m.role for m in result.transcript] == ["user", "user", "assistant"]
+    assert "Paris: rainy" not in " ".join(m.content for m in result.transcript)
+    steered = [e for e in events if e.kind == "steered"]
+    assert [e.data for e in steered] == [
+        {"text": "actually: the weather in Tokyo", "cancelled_call": True}
+    ]
+    assert shown == [  # what `relaykit watch` prints
+        "steered: actually: the weather in Tokyo (the model call in flight was abandoned)"
+    ]
+    sent = model_server.requests(model.name)[1].messages
+    assert [m["content"] for m in sent if m["role"] == "user"] == [
+        "the weather in Paris", "actually: the weather in Tokyo"
+    ]
+
+
+async def test_a_steer_with_no_model_call_in_flight_is_a_message_and_a_closed_run_refuses_it(
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
+) -> None:
+    # While a tool call waits for approval nothing is cancelled: the text enters at the next
+    # turn boundary, like `send`. On a closed run: one line, exit status 1.
+    @tool(needs_approval=True)
+    def refund(amount: int) -> str:
+        """Refund money."""
+        return f"refunded {amount}"
+
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("refund", amount=5), text("done, and noted")])
+    agent = Agent(name="steered_refunder", model=model, tools=[refund])
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "refund 5", task_queue=worker.task_queue)
+
+        async def waiting() -> bool:
+            return bool(await handle.pending_approvals())
+
+        await eventually(waiting, "the approval")
+        assert await handle.steer("and send a receipt") is False
+        [pending] = await handle.pending_approvals()
+        await handle.approve(pending.call_id)
+        result = await handle.result()
+        code, out, err = await cli("steer", handle.id, "too late", address=temporal_server.address)
+    assert result.output == "done, and noted" and result.turns == 2
+    sent = model_server.requests(model.name)[1].messages
+    assert (sent[-1]["role"], sent[-1]["content"]) == ("user", "and send a receipt")
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"error: run {handle.id!r} is closed (completed): cannot be steered "
+        f"(hint: `relaykit result {handle.id}` shows how it ended)"
+    ]
