@@ -12,8 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
-from relaykit import Agent, Subagents, start_run, tool
-from relaykit import registry
+from relaykit import Agent, Subagents, registry, start_run, tool
 from relaykit.errors import ConfigurationError
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message
@@ -182,7 +181,11 @@ async def test_a_handoff_repeated_past_the_limit_does_not_switch_again(
     billing.handoffs = [triage]
     model_server.script(
         triage_model.name,
-        [call("transfer_to_guard_billing"), call("transfer_to_guard_billing"), text("triage answers")],
+        [
+            call("transfer_to_guard_billing"),
+            call("transfer_to_guard_billing"),
+            text("triage answers"),
+        ],
     )
     model_server.script(billing_model.name, [call("transfer_to_guard_triage")])
     async with serving(client, triage) as worker:
