@@ -26,6 +26,7 @@ EventKind = Literal[
     "message",
     "tool_call",
     "tool_result",
+    "tool_outcome_unknown",
     "handoff",
     "approval_requested",
     "approval_answered",
@@ -74,6 +75,9 @@ class PendingApproval(BaseModel):
     turn: int = 0
     requested_at: datetime | None = None
     workflow_id: str | None = None
+    reason: str | None = None
+    """Why a person is asked when it is not the tool's approval rule: e.g. a ``"write"`` call
+    whose outcome is unknown, asked under ``<call id>.rerun`` (approve runs it again)."""
 
 
 class ApprovalDecision(BaseModel):

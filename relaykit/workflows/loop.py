@@ -60,6 +60,7 @@ from relaykit.runs import (
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows.children import SUBAGENT_TOOLS, Children
 from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
+from relaykit.workflows import tool_outcome
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
@@ -772,17 +773,26 @@ class TurnLoop:
             arguments=call.arguments,
             agent=agent.name,
             run_path=self.state.run_path,
+            # [tool effects] idempotency key and recorded effect (relaykit.workflows.tool_outcome)
+            **tool_outcome.invocation_fields(self, call, entry.effect, entry.on_unknown),
         )  # the workflow id is in the activity's own info: not repeated in every input
-        try:
-            outcome = await workflow.execute_activity(
+
+        async def execute(request: ToolInvocation) -> ToolOutcome:
+            return await workflow.execute_activity(
                 entry.name,
-                invocation,
+                request,
                 result_type=ToolOutcome,
                 start_to_close_timeout=entry.timeout,
                 heartbeat_timeout=entry.heartbeat_timeout or None,  # timedelta(0): off
                 retry_policy=entry.retry,
                 task_queue=entry.task_queue,
-                summary=summarize_call(entry.name, call.arguments),
+                summary=tool_outcome.summary(summarize_call(entry.name, call.arguments), request),
+            )
+
+        try:
+            # [tool effects] a "write" call lost in flight is reported or asked about, not rerun
+            outcome = await tool_outcome.run_guarded(
+                self, agent, entry, call, invocation, execute, what=f"tool {entry.name!r}"
             )
         except ActivityError as exc:
             if is_cancelled_exception(exc):
@@ -796,8 +806,11 @@ class TurnLoop:
 
     # --- approvals ------------------------------------------------------------------------------
 
-    async def _await_approval(self, agent: Agent, entry: Tool, call: ToolCall) -> ApprovalDecision:
-        """Wait (durably, at no cost) for a person to approve or reject ``call``."""
+    async def _await_approval(
+        self, agent: Agent, entry: Tool, call: ToolCall, *, reason: str | None = None
+    ) -> ApprovalDecision:
+        """Wait (durably, at no cost) for a person to approve or reject ``call``; ``reason``
+        tells the person why they are asked when it is not the tool's own rule."""
         if call.id in self.state.decisions:  # answered before a continue-as-new
             return self.state.decisions.pop(call.id)
         if self.input.unattended:
@@ -815,6 +828,7 @@ class TurnLoop:
             turn=self.state.turn,
             requested_at=workflow.now(),
             workflow_id=workflow.info().workflow_id,
+            reason=reason,
         )
         self.state.pending_approvals[call.id] = pending
         self.emit("approval_requested", pending.model_dump(mode="json"))
