@@ -27,6 +27,7 @@ from relaykit.mcp import (
 )
 from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.tools import ToolOutcome, summarize_call
+from relaykit.workflows import tool_outcome
 
 if TYPE_CHECKING:
     from relaykit.agent import Agent
@@ -141,18 +142,30 @@ class MCPTools:
             arguments=call.arguments,
             agent=agent.name,
             run_path=loop.state.run_path,
+            # [tool effects] the effect recorded with the listing (relaykit.workflows.tool_outcome)
+            **tool_outcome.invocation_fields(loop, call, entry.info.effect, server.on_unknown),
         )
-        try:
-            outcome = await workflow.execute_activity(
+
+        async def execute(sent: MCPCallRequest) -> ToolOutcome:
+            return await workflow.execute_activity(
                 server.call_activity(entry.info.name),
-                request,
+                sent,
                 result_type=ToolOutcome,
                 # One attempt may have to restart a dead server before sending the request.
                 start_to_close_timeout=server.timeout + server.list_timeout,
                 heartbeat_timeout=server.heartbeat_timeout,
                 retry_policy=server.retry,
                 task_queue=server.task_queue,
-                summary=summarize_call(f"{server.name}.{entry.info.name}", call.arguments),
+                summary=tool_outcome.summary(
+                    summarize_call(f"{server.name}.{entry.info.name}", call.arguments), sent
+                ),
+            )
+
+        try:
+            # [tool effects] a "write" call lost in flight is reported or asked about, not rerun
+            outcome = await tool_outcome.run_guarded(
+                loop, agent, entry, call, request, execute,
+                what=f"MCP tool {server.name}/{entry.info.name}",
             )
         except ActivityError as exc:
             if is_cancelled_exception(exc):
