@@ -23,7 +23,7 @@ from temporalio.common import RetryPolicy
 
 from relaykit import Agent, ConfigurationError, MCPServer, RunHandle, ToolContext, start_run, tool
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
-from tests.support import scheduled_activities, scripted_model, serving
+from tests.support import activity_summaries, scheduled_activities, scripted_model, serving
 from tests.test_crash_recovery import (  # noqa: F401 - the rig fixture
     START_AND_FINISH,
     CrashRig,
@@ -163,6 +163,11 @@ async def test_write_tool_asking_on_unknown_waits_for_a_person_and_runs_again_on
     assert await scheduled_activities(handle.workflow) == [
         "relaykit.model_call", "slow_charge_asked", "slow_charge_asked", "relaykit.model_call",
     ]
+    summaries = [s for s in await activity_summaries(handle.workflow, client) if "charge" in s]
+    assert summaries == [
+        "slow_charge_asked(n=7)",
+        "slow_charge_asked(n=7) · run again: approved after an unknown outcome",
+    ]
 
 
 async def test_read_and_idempotent_tools_in_flight_at_a_kill_run_again_with_the_same_key(
@@ -284,10 +289,12 @@ async def test_a_write_whose_last_attempt_times_out_is_an_unknown_outcome_not_a_
 
 
 async def test_a_rejected_rerun_after_a_timeout_is_an_error_result_and_never_runs_again(
-    client: Client, model_server: ScriptedModelServer
+    client: Client, model_server: ScriptedModelServer, temporal_server: Any
 ) -> None:
     # The first attempt times out (retries remain): the second does not run the tool; a person
-    # is asked and rejects; the model reads the person's reason.
+    # is asked (`relaykit pending` says why) and rejects; the model reads the person's reason.
+    from tests.test_cli import relaykit
+
     key = uuid.uuid4().hex
     agent, model = _agent(model_server, pay_slowly_asked)
     model_server.script(model, [call("pay_slowly_asked", id="c_q", key=key), text("done")])
@@ -300,6 +307,12 @@ async def test_a_rejected_rerun_after_a_timeout_is_an_error_result_and_never_run
         await eventually(asked, "the question to a person")
         (pending,) = await handle.pending_approvals()
         assert pending.call_id == "c_q.rerun" and "outcome unknown" in (pending.reason or "")
+        listed = await asyncio.to_thread(
+            relaykit, "pending", handle.id, env={"TEMPORAL_ADDRESS": temporal_server.address}
+        )
+        (line,) = listed.stdout.splitlines()
+        assert line.startswith("c_q.rerun\t") and "pay_slowly_asked(" in line
+        assert "outcome unknown: The call to tool 'pay_slowly_asked' has an unknown outcome" in line
         await handle.approve("c_q.rerun", approved=False, reason="the bank says it went through")
         result = await asyncio.wait_for(handle.result(), timeout=60)
     message = tool_results(result)["c_q"]
@@ -379,3 +392,23 @@ async def test_mcp_call_annotated_read_only_runs_again_and_an_unannotated_one_is
     assert log.started()["slow 0.5"] == 2 and log.done()["slow 0.5"] == 1
     (event,) = events
     assert event.data["call_id"] == "c_write"
+
+
+def test_watch_shows_an_unknown_outcome_and_why_a_person_is_asked() -> None:
+    from relaykit.streaming import StreamEvent
+    from relaykit.watch import describe
+
+    lost = StreamEvent(
+        kind="tool_outcome_unknown", seq=3, agent="a", turn=1, workflow_id="w",
+        data={"call_id": "c1", "name": "refund", "attempt": 1, "started_at": "12:00:01Z",
+              "on_unknown": "ask"},
+    )
+    asked = StreamEvent(
+        kind="approval_requested", seq=4, agent="a", turn=1, workflow_id="w",
+        data={"call_id": "c1.rerun", "tool": "refund", "arguments": "{}",
+              "reason": "outcome unknown: attempt 1 was lost"},
+    )
+    assert describe(lost) == (
+        "? refund: outcome unknown (attempt 1 lost, started 12:00:01Z); a person decides [call c1]"
+    )
+    assert describe(asked).endswith("[call c1.rerun] (outcome unknown: attempt 1 was lost)")
