@@ -155,6 +155,10 @@ class RunSetup(BaseModel):
     """The output schema is also stated in the system prompt."""
     handoff_in_request_order: bool = False
     """A turn's calls run in request order around its handoff, not the handoff last."""
+    tool_effects: bool = False
+    """Tool calls carry their effect, so a ``"write"`` lost in flight is reported or asked about
+    instead of run again (``relaykit.workflows.tool_outcome``); ``False`` for runs started
+    before, which keep running in-flight calls again, also across continue-as-new."""
 class RepeatedCall(BaseModel):
     """One distinct tool call (name and canonical arguments) the loop guard has seen."""
 

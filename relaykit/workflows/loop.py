@@ -264,6 +264,7 @@ class TurnLoop:
             ),
             event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
             **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
+            **tool_outcome.recorded_setup(),  # [tool effects] relaykit.workflows.tool_outcome
         )
 
     def setup_flag(self, name: str) -> bool:

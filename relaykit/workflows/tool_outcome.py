@@ -16,17 +16,19 @@ here:
   an error result.
 
 Invariants:
-- The decision is recorded once per run: :data:`PATCH_TOOL_EFFECTS` is consulted at a run's
-  first tool call; runs recorded without its marker schedule calls without an effect, so their
-  attempts record nothing and they replay (and go on) exactly as before.
+- The decision is recorded once per run: :data:`PATCH_TOOL_EFFECTS` is consulted at the run's
+  first workflow task and kept in ``RunSetup.tool_effects``, which a continue-as-new carries.
+  Runs recorded without its marker schedule calls without an effect, so their attempts record
+  nothing and they replay (and go on, to their end) exactly as before.
 - The effect and the policy travel in the activity input, so a replay follows what was scheduled,
   not today's tool definition.
 - The idempotency key is computed here from recorded data only (the workflow run id, the turn,
   the call's position and id): the same for every attempt and replay of a call, different for
   every other call, including after a continue-as-new (a new run id) or in a fork.
 
-Entry points (one call site each): :func:`invocation_fields` when a call's activity input is
-built, :func:`run_guarded` around the activity.
+Entry points (one call site each): :func:`recorded_setup` when the run records its setup,
+:func:`invocation_fields` when a call's activity input is built, :func:`run_guarded` around the
+activity.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def _position(loop: TurnLoop, call: ToolCall) -> int:
     return -1
 
 
+def recorded_setup() -> dict[str, bool]:
+    """The ``RunSetup`` field of effects, for a run's first workflow task: ``True`` for a new run
+    (a marker is written), ``False`` when replaying a run recorded before."""
+    return {"tool_effects": workflow.patched(PATCH_TOOL_EFFECTS)}
+
+
 def invocation_fields(
     loop: TurnLoop, call: ToolCall, effect: str, on_unknown: str
 ) -> dict[str, Any]:
@@ -78,7 +86,7 @@ def invocation_fields(
     effect and unknown-outcome choice when this run records effects (``effect=None``
     otherwise: attempts then record nothing). What :func:`run_guarded` later decides follows
     these recorded values, not a tool definition changed since."""
-    if not workflow.patched(PATCH_TOOL_EFFECTS):
+    if not loop.setup_flag("tool_effects"):
         return {"idempotency_key": idempotency_key(loop, call)}
     return {
         "idempotency_key": idempotency_key(loop, call),
