@@ -412,3 +412,44 @@ def test_watch_shows_an_unknown_outcome_and_why_a_person_is_asked() -> None:
         "? refund: outcome unknown (attempt 1 lost, started 12:00:01Z); a person decides [call c1]"
     )
     assert describe(asked).endswith("[call c1.rerun] (outcome unknown: attempt 1 was lost)")
+
+
+@tool(timeout=1, retry=RetryPolicy(maximum_attempts=2, initial_interval=timedelta(milliseconds=100)))
+def pay_slowly_twice(key: str) -> str:
+    """A write whose attempts outlive their start-to-close timeout.
+
+    Args:
+        key: Counter key.
+    """
+    RUNS[key] = RUNS.get(key, 0) + 1
+    time.sleep(2)
+    return "paid late"
+
+
+async def test_a_run_continued_from_one_started_before_effects_runs_a_lost_write_again_as_it_did(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # A state whose RunSetup predates effects (as a run started before carries it across a
+    # continue-as-new): the timed-out attempt is retried in full, as before, and nothing is
+    # reported as unknown.
+    from relaykit import get_run
+    from relaykit.messages import Message
+    from relaykit.runs import RunInput, RunSetup, RunState
+    from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
+
+    key = uuid.uuid4().hex
+    agent, model = _agent(model_server, pay_slowly_twice)
+    model_server.script(model, [call("pay_slowly_twice", id="c_old", key=key), text("done")])
+    state = RunState(agent=agent.name, transcript=[Message.user("go")], setup=RunSetup())
+    run_id = f"old-effects-{uuid.uuid4().hex[:8]}"
+    async with serving(client, agent) as worker:
+        await client.start_workflow(
+            AGENT_RUN_WORKFLOW, RunInput(agent=agent.name, input="go", state=state),
+            id=run_id, task_queue=worker.task_queue,
+        )
+        handle = get_run(client, run_id)
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+        events = await unknown_events(handle)
+    message = tool_results(result)["c_old"]
+    assert message.is_error and "failed and was not retried further" in message.content
+    assert RUNS[key] == 2 and events == []
