@@ -119,8 +119,8 @@ def unknown_outcome_error(
     noticed_at = _iso(noticed) if noticed is not None else None
     message = (
         f"{what}: attempt {attempt} started at {started} and was lost before it returned or "
-        f"raised (its worker stopped, its connection broke or it timed out; noticed by {noticed_at}). It may or may "
-        "not have taken effect, so it was not run again."
+        "raised (its worker stopped, its connection broke or it timed out; noticed by "
+        f"{noticed_at}). It may or may not have taken effect, so it was not run again."
     )
     return ApplicationError(
         message,
