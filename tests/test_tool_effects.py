@@ -453,3 +453,24 @@ async def test_a_run_continued_from_one_started_before_effects_runs_a_lost_write
     message = tool_results(result)["c_old"]
     assert message.is_error and "failed and was not retried further" in message.content
     assert RUNS[key] == 2 and events == []
+
+
+async def test_a_fork_that_repeats_a_call_at_the_same_turn_and_position_gets_a_new_idempotency_key(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The fork from turn 1 asks for the very call the origin made at turn 2 (same id, turn and
+    # position): it is another call, so an API given the key applies it again.
+    from relaykit import fork_run
+
+    key = uuid.uuid4().hex
+    agent, model = _agent(model_server, pay)
+    model_server.script(model, [
+        call("pay", id="c1", key=key), call("pay", id="c2", key=key), text("done"),
+        call("pay", id="c2", key=key), text("done again"),
+    ])
+    async with serving(client, agent) as worker:
+        origin = await start_run(client, agent, "go", task_queue=worker.task_queue)
+        await asyncio.wait_for(origin.result(), timeout=60)
+        fork = await fork_run(client, origin.id, 1)
+        assert (await asyncio.wait_for(fork.result(), timeout=60)).output == "done again"
+    assert len(SEEN_KEYS[key]) == 3 and len(set(SEEN_KEYS[key])) == 3
