@@ -66,7 +66,7 @@ _ORDERS = {
 }
 
 
-@tool
+@tool(effect="read")
 def look_up_order(order_id: str) -> dict[str, Any]:
     """Look up an order by its id.
 
@@ -77,7 +77,7 @@ def look_up_order(order_id: str) -> dict[str, Any]:
     return {"order_id": order_id, **order} if order else {"order_id": order_id, "error": "unknown"}
 
 
-@tool(needs_approval=True, approval_timeout=24 * 3600)
+@tool(needs_approval=True, approval_timeout=24 * 3600, effect="write")
 def issue_refund(order_id: str, amount_eur: float, reason: str) -> str:
     """Refund money to the customer. A person approves every refund before it happens.
 

@@ -32,7 +32,7 @@ City = Annotated[str, Field(max_length=40)]
 Currency = Literal["EUR", "USD", "JPY", "GBP"]
 
 
-@tool
+@tool(effect="read")
 def get_weather(cities: Annotated[list[City], Field(max_length=5)]) -> str:
     """Get the weather forecast for the cities of a trip.
 
@@ -47,7 +47,7 @@ def get_weather(cities: Annotated[list[City], Field(max_length=5)]) -> str:
     ) or "no city given"
 
 
-@tool
+@tool(effect="read")
 def convert_currency(amount: float, from_currency: Currency, to_currency: Currency) -> str:
     """Convert an amount between currencies (EUR, USD, JPY, GBP).
 

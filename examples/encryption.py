@@ -23,7 +23,7 @@ from relaykit import Agent, tool
 _ACCOUNTS = {"jane example": ("Jane Example", "DE89 3704 0044 0532 0130 00")}
 
 
-@tool
+@tool(effect="read")
 def account_details(customer: str) -> str:
     """The payout account of a customer.
 
@@ -37,7 +37,7 @@ def account_details(customer: str) -> str:
     return f"{name}: IBAN {iban}"
 
 
-@tool(needs_approval=True)
+@tool(needs_approval=True, effect="write")
 def send_payout(iban: str, amount_eur: float) -> str:
     """Send money to an account (a person approves it first).
 

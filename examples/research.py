@@ -30,7 +30,7 @@ _NOTES = {
 }
 
 
-@tool
+@tool(effect="read")
 def lookup_notes(topic: str) -> str:
     """Look up what the team knows about a topic.
 

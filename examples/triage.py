@@ -55,7 +55,7 @@ def _invoice_key(invoice_id: str) -> str:
     return f"INV-{key}" if key.isdigit() else key
 
 
-@tool
+@tool(effect="read")
 def lookup_invoice(invoice_id: InvoiceId) -> str:
     """Look up an invoice of the customer's account.
 
@@ -69,7 +69,7 @@ def lookup_invoice(invoice_id: InvoiceId) -> str:
     return f"{key}: {invoice['amount']} on {invoice['date']}, {invoice['status']}"
 
 
-@tool
+@tool(effect="read")
 def refund_status(invoice_id: InvoiceId) -> str:
     """Tell whether a refund exists for an invoice, and when it arrives.
 
@@ -87,7 +87,7 @@ def refund_status(invoice_id: InvoiceId) -> str:
     return _REFUNDS.get(key, f"no refund requested for {key}")
 
 
-@tool
+@tool(effect="read")
 def service_status(service: Literal["login", "api", "dashboard"]) -> str:
     """Current status of one part of the product.
 

@@ -644,7 +644,8 @@ async def pending(
     if not approvals:
         err_console.print("no pending approvals")
     for item in approvals:
-        print(f"{item.call_id}\t{item.agent}\t{item.tool}({item.arguments})")
+        why = f"\t{item.reason}" if item.reason else ""  # e.g. an unknown outcome to decide on
+        print(f"{item.call_id}\t{item.agent}\t{item.tool}({item.arguments}){why}")
 
 
 @app.command()

@@ -47,3 +47,6 @@ HANDOFF_FILTER_FAILED = "HandoffFilterFailed"
 workflow code that every retry would repeat, so the run ends instead of its tasks failing."""
 MCP_SERVER_UNAVAILABLE = "MCPServerUnavailable"
 """An MCP server could not list its tools (after its retries): the run cannot show them."""
+TOOL_OUTCOME_UNKNOWN = "ToolOutcomeUnknown"
+"""A ``"write"`` tool's attempt started and was lost (its worker died, or it timed out) without a
+result or an error: it may or may not have taken effect, so relaykit does not run it again."""

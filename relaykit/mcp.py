@@ -15,6 +15,11 @@ How a run sees a server (see ``docs/mcp.md``):
   because tool names are only known at run time).
 - The model sees ``<prefix><tool>`` (prefix defaults to the server name and ``_``), normalised
   like handoff tool names when the result is not a name every provider accepts.
+- Each tool's effect (``"read"``, ``"idempotent"``, ``"write"``, as for ``@tool``) comes from the
+  server's annotations (``readOnlyHint`` → read, ``idempotentHint`` → idempotent, otherwise
+  write), overridden by ``effects={"tool": "read"}``; it is decided by the list activity, so it
+  is recorded with the listing. A ``"write"`` call lost in flight is not run again
+  (``on_unknown``, :mod:`relaykit.workflows.tool_outcome`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from temporalio.common import RetryPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel
 from relaykit.names import MAX_TOOL_NAME, is_valid_tool_name, slug, tool_name_for
-from relaykit.tools import DEFAULT_MAX_OUTPUT_CHARS
+from relaykit.tools import DEFAULT_MAX_OUTPUT_CHARS, OnUnknown, ToolEffect, check_effect
 
 ACTIVITY_PREFIX = "mcp:"
 LIST_SUFFIX = ":list_tools"
@@ -95,6 +100,11 @@ class MCPServer:
     task_queue: str | None = None
     """Run this server's activities (and so its process) on workers of another task queue."""
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    effects: Mapping[str, ToolEffect] = field(default_factory=dict)
+    """Tool name (server spelling) -> effect, overriding what the server's annotations say."""
+    on_unknown: OnUnknown = "report"
+    """What happens to a ``"write"`` call of this server whose outcome is unknown (as for
+    ``@tool``): ``"report"`` to the model, or ``"ask"`` a person whether it runs again."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _SERVER_NAME.match(self.name.strip() or "/"):
@@ -106,6 +116,10 @@ class MCPServer:
             raise ConfigurationError(f"MCP server {self.name!r} needs a command")
         if self.transport == "http" and not self.url:
             raise ConfigurationError(f"MCP server {self.name!r} needs a url")
+        self.effects = dict(self.effects)
+        for tool_name, effect in self.effects.items():
+            check_effect(effect, self.on_unknown, f"tool {tool_name!r} of MCP server {self.name!r}")
+        check_effect("write", self.on_unknown, f"MCP server {self.name!r}")
         if self.prefix is not None and self.prefix and not is_valid_tool_name(self.prefix):
             raise ConfigurationError(
                 f"invalid tool prefix {self.prefix!r} for MCP server {self.name!r}",
@@ -187,6 +201,16 @@ class MCPServer:
     def offers(self, tool: str) -> bool:
         return self.include is None or tool in self.include
 
+    def effect_of(self, tool: str, annotations: Any = None) -> ToolEffect:
+        """The effect of ``tool``: the override, else its annotations (worker side, at listing)."""
+        if tool in self.effects:
+            return self.effects[tool]
+        if annotations is not None and getattr(annotations, "read_only_hint", None):
+            return "read"
+        if annotations is not None and getattr(annotations, "idempotent_hint", None):
+            return "idempotent"
+        return "write"
+
     def requires_approval(self, tool: str, arguments: dict[str, Any]) -> bool:
         rule = self.needs_approval
         if isinstance(rule, bool):
@@ -253,6 +277,9 @@ class MCPToolInfo(CompactModel):
     name: str
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    effect: ToolEffect = "write"
+    """Decided when the tool was listed (annotations, then the server's ``effects``); listings
+    recorded before tools had effects read as ``"write"``."""
 
 
 class MCPListRequest(BaseModel):
@@ -275,6 +302,15 @@ class MCPCallRequest(CompactModel):
     arguments: str = "{}"
     agent: str = ""
     run_path: list[str] = Field(default_factory=list)
+    idempotency_key: str = ""
+    """As for function tools (:attr:`relaykit.ToolContext.idempotency_key`); MCP tools cannot
+    read it, it shows in the Temporal UI input."""
+    effect: ToolEffect | None = None
+    """The recorded effect; ``None`` in requests recorded before tools had effects."""
+    on_unknown: OnUnknown = "report"
+    """The call's choice for an unknown outcome, recorded with its effect."""
+    rerun_approved: bool = False
+    """A person approved running the call again after an attempt whose outcome was unknown."""
 
 
 @dataclass(eq=False)

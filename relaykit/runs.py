@@ -25,6 +25,7 @@ EventKind = Literal[
     "message",
     "tool_call",
     "tool_result",
+    "tool_outcome_unknown",
     "handoff",
     "approval_requested",
     "approval_answered",
@@ -87,6 +88,9 @@ class PendingApproval(BaseModel):
     turn: int = 0
     requested_at: datetime | None = None
     workflow_id: str | None = None
+    reason: str | None = None
+    """Why a person is asked when it is not the tool's approval rule: e.g. a ``"write"`` call
+    whose outcome is unknown, asked under ``<call id>.rerun`` (approve runs it again)."""
 
 
 class ApprovalDecision(BaseModel):
@@ -175,6 +179,10 @@ class RunSetup(BaseModel):
     """The output schema is also stated in the system prompt."""
     handoff_in_request_order: bool = False
     """A turn's calls run in request order around its handoff, not the handoff last."""
+    tool_effects: bool = False
+    """Tool calls carry their effect, so a ``"write"`` lost in flight is reported or asked about
+    instead of run again (``relaykit.workflows.tool_outcome``); ``False`` for runs started
+    before, which keep running in-flight calls again, also across continue-as-new."""
 class RepeatedCall(BaseModel):
     """One distinct tool call (name and canonical arguments) the loop guard has seen."""
 

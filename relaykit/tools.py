@@ -18,7 +18,12 @@ Invariants:
   with a marker (:data:`MAX_TOOL_RESULT_BYTES`, :data:`MAX_TOOL_ERROR_BYTES`). An oversized
   payload would fail every attempt *after* the tool ran, repeating its side effects.
 - Every tool has a heartbeat timeout by default and heartbeats automatically while it runs, so
-  a tool in flight on a worker that dies is retried after seconds, not after its ``timeout``.
+  a tool in flight on a worker that dies is noticed after seconds, not after its ``timeout``.
+- Every tool declares its effect (``effect="read" | "idempotent" | "write"``, default
+  ``"write"``). An attempt of a ``"write"`` tool records that it started (an acknowledged heartbeat
+  detail, which Temporal hands to the next attempt) before the function runs; an attempt that
+  finds an earlier one started and never finished does not run the function: the call's outcome
+  is unknown (:mod:`relaykit.activities.attempts`, :mod:`relaykit.workflows.tool_outcome`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import json
@@ -34,7 +40,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import to_json
@@ -60,6 +66,19 @@ DEFAULT_TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 """How long a tool may go without a heartbeat before Temporal retries it elsewhere. Tools
 heartbeat automatically while they run (see :meth:`Tool.invoke`), so this only bounds how long a
 crashed worker holds a call; pass ``heartbeat_timeout=0`` to turn it off."""
+ToolEffect = Literal["read", "idempotent", "write"]
+"""What running a tool does to the world: ``"read"`` changes nothing, ``"idempotent"`` may change
+it but running it again with the same arguments (and :attr:`ToolContext.idempotency_key`) has no
+further effect, ``"write"`` (the default) may do it again. Only ``"write"`` tools are never run
+again after an attempt whose outcome is unknown."""
+OnUnknown = Literal["report", "ask"]
+"""What happens to a ``"write"`` call whose outcome is unknown: ``"report"`` gives the model an
+error result saying so; ``"ask"`` waits for a person, like an approval, who may run it again."""
+TOOL_EFFECTS: tuple[str, ...] = get_args(ToolEffect)
+ON_UNKNOWN_CHOICES: tuple[str, ...] = get_args(OnUnknown)
+ATTEMPT_CLAIM_KEY = "relaykit.attempt"
+"""The key of the heartbeat detail a ``"write"`` tool's attempt records before it runs (always
+the last detail, after the tool's own progress): compatibility data, read by the next attempt."""
 MAX_TOOL_RESULT_BYTES = 256 * 1024
 """Hard cap on a tool result's encoded size, whatever ``max_output_chars`` says, on a worker
 whose data converter has no external payload storage: Temporal refuses payloads over 2 MB (by
@@ -94,6 +113,13 @@ class ToolContext(BaseModel):
     attempt: int = 1
     progress: Any = None
     """What the previous attempt last passed to :meth:`heartbeat` (``None`` on a first attempt)."""
+    idempotency_key: str = ""
+    """One key per call: the same for every attempt and every replay of this call (and when a
+    person approves running it again after an unknown outcome), different for every other call
+    (another run, a fork, a later turn, after a continue-as-new). Pass it to APIs that take one
+    (``Idempotency-Key`` headers, client request tokens, a unique column): the API then applies
+    the call once however often it runs, and the tool may declare ``effect="idempotent"``.
+    Empty only for calls recorded before relaykit had keys."""
     _beat: Callable[[Any], None] | None = PrivateAttr(default=None)
 
     def heartbeat(self, progress: Any = None) -> None:
@@ -111,6 +137,15 @@ class ToolInvocation(CompactModel):
     workflow_id: str = ""
     """Only in inputs recorded by early versions; the tool reads it from the activity's info."""
     run_path: list[str] = Field(default_factory=list)
+    idempotency_key: str = ""
+    """Computed in workflow code from recorded data (see :attr:`ToolContext.idempotency_key`)."""
+    effect: ToolEffect | None = None
+    """The tool's effect as the workflow recorded it when it scheduled the call; ``None`` in
+    inputs recorded before tools had effects (their attempts record nothing and always run)."""
+    on_unknown: OnUnknown = "report"
+    """The call's choice for an unknown outcome, recorded with its effect."""
+    rerun_approved: bool = False
+    """A person approved running the call again after an attempt whose outcome was unknown."""
 
 
 class ToolOutcome(CompactModel):
@@ -174,9 +209,15 @@ class Tool:
     """``True``, or a predicate on the parsed arguments, to wait for a person before running."""
     approval_timeout: timedelta | None = None
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    effect: ToolEffect = "write"
+    """What the tool does to the world (:data:`ToolEffect`); a tool that says nothing is treated
+    as one that changes it."""
+    on_unknown: OnUnknown = "report"
+    """What happens when a ``"write"`` call's outcome is unknown (:data:`OnUnknown`)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_effect(self.effect, self.on_unknown, f"tool {self.name!r}")
         if self.retry is None:
             self.retry = DEFAULT_TOOL_RETRY
         if self.heartbeat_timeout is None:
@@ -206,20 +247,23 @@ class Tool:
         invocation: ToolInvocation,
         executor: concurrent.futures.Executor | None = None,
         max_result_bytes: int = MAX_TOOL_RESULT_BYTES,
+        guard: Any = None,
     ) -> ToolOutcome:
         """Run the function for one call (activity side).
 
         A sync function runs on ``executor`` (the worker's bounded tool pool): on the default
         pool, hung tools would starve the file I/O of model calls. While the function runs, the
         activity heartbeats on its own, repeating the last progress the tool reported, so a
-        retry after a crash still finds that progress.
+        retry after a crash still finds that progress. ``guard`` holds this attempt's start record
+        (:class:`relaykit.activities.attempts.AttemptGuard`): every heartbeat carries it after
+        the progress, so no heartbeat erases it.
         """
         try:
             parsed = self.parse_arguments(invocation.arguments)
         except ValueError as exc:
             return ToolOutcome(content=str(exc), is_error=True)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
-        beats = _Beats.start()
+        beats = _Beats.start(guard)
         if self.context_param:
             kwargs[self.context_param] = _tool_context(self.name, invocation, beats)
         async with beats.running():
@@ -263,25 +307,35 @@ class _Beats:
     progress a tool reported, so every automatic beat repeats the last progress (from this
     attempt, else from the previous one)."""
 
-    def __init__(self, interval: float | None, progress: tuple[Any, ...]) -> None:
+    def __init__(self, interval: float | None, progress: tuple[Any, ...], guard: Any = None) -> None:
         self.interval = interval
         self.progress = progress
+        self.guard = guard
 
     @classmethod
-    def start(cls) -> _Beats:
+    def start(cls, guard: Any = None) -> _Beats:
         if not activity.in_activity():
             return cls(None, ())
         info = activity.info()
         timeout = info.heartbeat_timeout
         interval = max(timeout.total_seconds() / 4, 0.05) if timeout else None
-        beats = cls(interval, tuple(info.heartbeat_details))
+        beats = cls(interval, split_claim(info.heartbeat_details)[0], guard)
         beats._record_direct_heartbeats()
         return beats
+
+    def details(self, progress: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``progress`` followed by the attempt's start record, when it keeps one."""
+        claim = self.guard.details if self.guard is not None else None
+        if claim is None:
+            return progress
+        self.guard.progress = progress
+        return (*progress, claim)
 
     def _record_direct_heartbeats(self) -> None:
         """Tools may call ``activity.heartbeat(progress)`` themselves rather than through
         :class:`ToolContext`; remember those details too, so automatic beats repeat them. The
-        SDK keeps the heartbeat function on a per-attempt context object."""
+        SDK keeps the heartbeat function on a per-attempt context object. The same object's info
+        shows the tool the previous attempt's progress without relaykit's start record."""
         context = getattr(activity, "_Context", None)
         try:
             current = context.current() if context is not None else None
@@ -290,15 +344,21 @@ class _Beats:
         original = getattr(current, "heartbeat", None)
         if current is None or original is None:
             return
+        info = current.info()
+        progress, claim = split_claim(info.heartbeat_details)
+        if claim is not None:  # the tool sees its own progress, not relaykit's start record
+            shown = dataclasses.replace(info, heartbeat_details=progress)
+            current.info = lambda: shown
 
         def recording(*details: Any) -> None:
-            self.progress = details
-            original(*details)
+            progress, _ = split_claim(details)  # relaykit's own beats already carry the record
+            self.progress = progress
+            original(*self.details(progress))
 
         current.heartbeat = recording
 
     def send(self) -> None:
-        activity.heartbeat(*self.progress)
+        activity.heartbeat(*self.details(self.progress))
 
     @contextlib.asynccontextmanager
     async def running(self) -> Any:
@@ -327,7 +387,8 @@ def _tool_context(tool_name: str, invocation: ToolInvocation, beats: _Beats) -> 
         info = activity.info()
         workflow_id = workflow_id or info.workflow_id or ""
         attempt = info.attempt
-        progress = info.heartbeat_details[0] if info.heartbeat_details else None
+        previous = split_claim(info.heartbeat_details)[0]
+        progress = previous[0] if previous else None
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
 
@@ -337,10 +398,11 @@ def _tool_context(tool_name: str, invocation: ToolInvocation, beats: _Beats) -> 
                 on_loop = asyncio.get_running_loop() is loop
             except RuntimeError:
                 on_loop = False
+            details = beats.details((value,))
             if on_loop:
-                activity.heartbeat(value)
+                activity.heartbeat(*details)
             else:  # a sync tool's thread: the SDK's heartbeat must run on the worker's loop
-                loop.call_soon_threadsafe(context.run, activity.heartbeat, value)
+                loop.call_soon_threadsafe(context.run, activity.heartbeat, *details)
 
     ctx = ToolContext(
         call_id=invocation.call_id,
@@ -350,9 +412,36 @@ def _tool_context(tool_name: str, invocation: ToolInvocation, beats: _Beats) -> 
         run_path=invocation.run_path,
         attempt=attempt,
         progress=progress,
+        idempotency_key=invocation.idempotency_key,
     )
     ctx._beat = beat
     return ctx
+
+
+def split_claim(details: Any) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+    """Heartbeat details as the tool's own progress and the attempt's start record (the last
+    detail, when a ``"write"`` tool's attempt recorded one)."""
+    items = tuple(details or ())
+    if items and isinstance(items[-1], dict) and ATTEMPT_CLAIM_KEY in items[-1]:
+        claim = items[-1][ATTEMPT_CLAIM_KEY]
+        return items[:-1], claim if isinstance(claim, dict) else None
+    return items, None
+
+
+def check_effect(effect: Any, on_unknown: Any, what: str) -> None:
+    """Refuse effects and unknown-outcome choices that do not exist, when the tool is defined."""
+    if effect not in TOOL_EFFECTS:
+        raise ConfigurationError(
+            f"{what} has effect={effect!r}",
+            hint='effect is "read" (changes nothing), "idempotent" (running it again changes '
+            'nothing more) or "write" (the default: may do it again)',
+        )
+    if on_unknown not in ON_UNKNOWN_CHOICES:
+        raise ConfigurationError(
+            f"{what} has on_unknown={on_unknown!r}",
+            hint='on_unknown is "report" (the model reads that the outcome is unknown) or '
+            '"ask" (a person decides whether it runs again)',
+        )
 
 
 def _validation_message(tool_name: str, exc: ValidationError) -> str:
@@ -420,6 +509,8 @@ def tool(
     needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
     approval_timeout: timedelta | float | None = None,
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+    effect: ToolEffect = "write",
+    on_unknown: OnUnknown = "report",
 ) -> Any:
     """Turn a typed function (sync or async) into a :class:`Tool`.
 
@@ -428,7 +519,14 @@ def tool(
     ``heartbeat_timeout=None`` means :data:`DEFAULT_TOOL_HEARTBEAT_TIMEOUT` and ``0`` turns the
     heartbeat timeout off (for an async tool that blocks its event loop, which no automatic
     heartbeat can help).
+
+    ``effect`` says what the tool does to the world (:data:`ToolEffect`, default ``"write"``);
+    ``on_unknown`` what happens when a ``"write"`` call was lost in flight (:data:`OnUnknown`):
+    relaykit never runs such a call again on its own. Both are checked here, when the tool is
+    defined.
     """
+    label = name or getattr(function, "__name__", None)
+    check_effect(effect, on_unknown, f"@tool {label!r}" if label else "@tool(...)")
 
     def as_delta(value: timedelta | float | None) -> timedelta | None:
         if value is None or isinstance(value, timedelta):
@@ -460,6 +558,8 @@ def tool(
             needs_approval=needs_approval,
             approval_timeout=as_delta(approval_timeout),
             max_output_chars=max_output_chars,
+            effect=effect,
+            on_unknown=on_unknown,
         )
 
     if function is not None:

@@ -62,9 +62,15 @@ def describe(item: StreamEvent) -> str:
     if kind == "handoff":
         reason = f" ({_short(data['reason'], 60)})" if data.get("reason") else ""
         return f"handoff {data.get('from')} → {data.get('to')}{reason}"
+    if kind == "tool_outcome_unknown":
+        lost = f"attempt {data.get('attempt')} lost" if data.get("attempt") else "an attempt lost"
+        started = f", started {data.get('started_at')}" if data.get("started_at") else ""
+        then = "a person decides" if data.get("on_unknown") == "ask" else "not run again"
+        return f"? {data.get('name')}: outcome unknown ({lost}{started}); {then} [call {data.get('call_id')}]"
     if kind == "approval_requested":
         call = summarize_call(str(data.get("tool")), str(data.get("arguments", "")), 80)
-        return f"waiting for approval: {call} [call {data.get('call_id')}]"
+        why = f" ({_short(data['reason'], 100)})" if data.get("reason") else ""
+        return f"waiting for approval: {call} [call {data.get('call_id')}]{why}"
     if kind == "approval_answered":
         verdict = "approved" if data.get("approved") else "rejected"
         reason = f": {data['reason']}" if data.get("reason") else ""
@@ -166,7 +172,12 @@ class WatchState:
             row = self.tools.get(f"{item.workflow_id}:{data.get('call_id')}")
             if row is not None:
                 row.ended = item.at
-                row.status = "error" if data.get("is_error") else "ok"
+                unknown = row.status == "unknown" and data.get("is_error")
+                row.status = "unknown" if unknown else "error" if data.get("is_error") else "ok"
+        elif kind == "tool_outcome_unknown":
+            row = self.tools.get(f"{item.workflow_id}:{data.get('call_id')}")
+            if row is not None:
+                row.status = "unknown"
         elif kind == "approval_requested":
             call = summarize_call(str(data.get("tool")), str(data.get("arguments", "")), 60)
             self.approvals[str(data.get("call_id"))] = f"{call} ({path})"
@@ -215,7 +226,8 @@ class WatchState:
             for row in list(self.tools.values())[-MAX_TOOL_ROWS:]:
                 seconds = _seconds(row.started, row.ended)
                 mark = {"ok": "[green]✓[/green]", "error": "[red]✗[/red]",
-                        "approval": "[yellow]waiting for approval[/yellow]"}.get(row.status, "[yellow]…[/yellow]")
+                        "approval": "[yellow]waiting for approval[/yellow]",
+                        "unknown": "[red]? outcome unknown[/red]"}.get(row.status, "[yellow]…[/yellow]")
                 table.add_row(escape(row.summary), escape(row.path),
                               "" if seconds is None else f"{seconds:.2f}s", mark)
             parts.append(table)

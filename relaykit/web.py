@@ -829,6 +829,7 @@ def make_fetch_url(
         retry=retry,
         task_queue=task_queue,
         max_output_chars=max_chars + 200,  # room for the truncation marker
+        effect="read",  # a GET: fetching a page again changes nothing
     )
     built.extra["fetch_config"] = config
     return built

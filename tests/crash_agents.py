@@ -7,7 +7,13 @@ Everything a test varies comes from the environment, read at import:
 - ``CRASH_MODEL_NAME``: the model name the test scripted (one per test);
 - ``CRASH_TOOL_LOG``: a file every tool invocation appends one line to (``tool argument``), so a
   test counts executions across worker processes;
-- ``CRASH_RELEASE_FILE``: :func:`slow_step` blocks, heartbeating, until this file exists.
+- ``CRASH_RELEASE_FILE``: :func:`slow_step` (and the other blocking tools) wait, heartbeating,
+  until this file exists.
+
+The blocking tools come in each effect: ``slow_step`` is a read, ``slow_put`` idempotent,
+``slow_charge`` and ``slow_charge_asked`` writes (the second with ``on_unknown="ask"``);
+``until_released`` keeps the default settings (a write). Each records ``tool argument`` when it
+starts, and ``tool argument key`` (its idempotency key) in ``CRASH_TOOL_LOG`` + ``.keys``.
 
 Heartbeat timeouts are short (model calls and the slow tool), so a killed worker's in-flight call
 is retried elsewhere within seconds.
@@ -23,7 +29,9 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.common import RetryPolicy
 
-from relaykit import Agent, ModelSpec, tool
+from temporalio.exceptions import ApplicationError
+
+from relaykit import Agent, ModelSpec, ToolContext, tool
 
 MODEL_HEARTBEAT_SECONDS = 5.0
 """Long enough that a loaded machine does not time out a healthy model call (whose retry would
@@ -41,6 +49,14 @@ def _record(tool_name: str, argument: object) -> None:
             os.fsync(fh.fileno())
 
 
+def _record_key(tool_name: str, argument: object, key: str) -> None:
+    """The idempotency key an attempt saw, in ``CRASH_TOOL_LOG`` + ``.keys``."""
+    log = os.environ.get("CRASH_TOOL_LOG")
+    if log:
+        with open(f"{log}.keys", "a", encoding="utf-8") as fh:
+            fh.write(f"{tool_name} {argument} {key}\n")
+
+
 @tool(retry=_RETRY)
 def quick(n: int) -> str:
     """Return a number, recording the call.
@@ -52,19 +68,77 @@ def quick(n: int) -> str:
     return f"quick {n}"
 
 
-@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY)
-async def slow_step(n: int) -> str:
-    """Work until released, heartbeating meanwhile.
+async def _until_release(beat: bool = True) -> None:
+    release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
+    while not release.exists():
+        if beat:
+            activity.heartbeat()
+        await asyncio.sleep(0.05)
+
+
+@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY, effect="read")
+async def slow_step(n: int, ctx: ToolContext) -> str:
+    """Look something up until released, heartbeating meanwhile.
 
     Args:
         n: Any number.
     """
+    _record_key("slow_step", n, ctx.idempotency_key)
     _record("slow_step", n)
-    release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
-    while not release.exists():
-        activity.heartbeat()
-        await asyncio.sleep(0.05)
+    await _until_release()
     return f"slow {n} done"
+
+
+@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY, effect="idempotent")
+async def slow_put(n: int, ctx: ToolContext) -> str:
+    """Store a value under the call's idempotency key, until released.
+
+    Args:
+        n: Any number.
+    """
+    _record_key("slow_put", n, ctx.idempotency_key)
+    _record("slow_put", n)
+    await _until_release()
+    return f"put {n} done"
+
+
+@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY)
+async def slow_charge(n: int, ctx: ToolContext) -> str:
+    """Charge a card (a write), until released.
+
+    Args:
+        n: Euros.
+    """
+    _record_key("slow_charge", n, ctx.idempotency_key)
+    _record("slow_charge", n)
+    await _until_release(beat=False)  # the automatic heartbeat keeps it alive
+    return f"charged {n}"
+
+
+@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY, on_unknown="ask")
+async def slow_charge_asked(n: int, ctx: ToolContext) -> str:
+    """Charge a card (a write whose unknown outcome a person decides on), until released.
+
+    Args:
+        n: Euros.
+    """
+    _record_key("slow_charge_asked", n, ctx.idempotency_key)
+    _record("slow_charge_asked", n)
+    await _until_release()
+    return f"charged {n}"
+
+
+@tool(retry=_RETRY)
+def flaky_write(n: int, ctx: ToolContext) -> str:
+    """A write whose first attempt fails with a retryable error.
+
+    Args:
+        n: Any number.
+    """
+    _record("flaky_write", n)
+    if ctx.attempt == 1:
+        raise ApplicationError("the payment service is briefly unavailable")
+    return f"wrote {n} on attempt {ctx.attempt}"
 
 
 @tool
@@ -115,5 +189,8 @@ crash_agent = Agent(
         heartbeat_timeout_seconds=MODEL_HEARTBEAT_SECONDS,
         timeout_seconds=30,
     ),
-    tools=[quick, slow_step, refund, steady, until_released],
+    tools=[
+        quick, slow_step, refund, steady, until_released, slow_put, slow_charge,
+        slow_charge_asked, flaky_write,
+    ],
 )

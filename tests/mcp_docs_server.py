@@ -5,6 +5,10 @@ over streamable HTTP on 127.0.0.1. Every tool call appends one line to the file 
 ``MCP_TEST_LOG`` (``pid tool phase argument``, phase ``start`` or ``done``), so a test counts the
 executions of each call across server processes and worker crashes.
 
+Tools that change nothing carry ``readOnlyHint`` (relaykit runs them again after a crash);
+``exit_now`` is ``idempotentHint`` (calling it again does nothing more); ``slow_write`` and the
+others carry no hints, so relaykit treats them as writes.
+
 ``MCP_TEST_REQUIRE_TOKEN`` makes the HTTP server answer only requests whose ``Authorization``
 header is ``Bearer <that value>``.
 """
@@ -23,9 +27,11 @@ import logging
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 
 logging.getLogger("mcp.shared.tool_name_validation").setLevel(logging.ERROR)
 server = MCPServer("docs", log_level="WARNING")
+READ_ONLY = ToolAnnotations(read_only_hint=True)
 DOCS = Path(os.environ.get("MCP_TEST_DOCS", Path(__file__).parent))
 _calls = 0  # per process: shows whether a session (process) was kept or restarted
 
@@ -40,7 +46,7 @@ def _log(tool: str, phase: str, argument: Any) -> None:
         os.fsync(fh.fileno())
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 def read_doc(name: str) -> str:
     """Read one document of the collection.
 
@@ -57,7 +63,7 @@ def read_doc(name: str) -> str:
     return text
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 def list_docs() -> str:
     """List the documents of the collection."""
     _log("list_docs", "start", "")
@@ -75,7 +81,7 @@ def count() -> str:
     return f"{_calls} calls in process {os.getpid()}"
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 async def slow(seconds: float, ctx: Context) -> str:
     """Wait, then answer (killed mid-call by the crash tests).
 
@@ -104,6 +110,23 @@ def delete_doc(name: str) -> str:
 
 
 @server.tool()
+async def slow_write(seconds: float) -> str:
+    """Append to a ledger after a wait (a write: no hints; killed mid-call by the crash tests).
+
+    Args:
+        seconds: How long to wait.
+    """
+    _log("slow_write", "start", seconds)
+    release = os.environ.get("MCP_TEST_RELEASE")
+    waited = 0.0
+    while waited < seconds or (release and not Path(release).exists()):
+        await asyncio.sleep(0.05)
+        waited += 0.05
+    _log("slow_write", "done", seconds)
+    return f"wrote after {seconds}"
+
+
+@server.tool(annotations=READ_ONLY)
 def big(size: int) -> str:
     """Return ``size`` characters.
 
@@ -114,7 +137,7 @@ def big(size: int) -> str:
     return "x" * size
 
 
-@server.tool(name="查找")
+@server.tool(name="查找", annotations=READ_ONLY)
 def find(term: str) -> str:
     """Find a term (a tool whose name is not ASCII).
 
@@ -138,14 +161,14 @@ def report_error(message: str) -> Any:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(idempotent_hint=True))
 def exit_now() -> str:
     """Kill this server process in the middle of the call."""
     _log("exit_now", "start", "")
     os._exit(3)
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 def whoami(ctx: Context) -> str:
     """Which headers the server saw (HTTP) and its process id."""
     headers = ctx.headers or {}

@@ -14,6 +14,15 @@ request that was in flight when the connection broke may or may not have run, so
 attempt and Temporal retries it (at-least-once for that call, as for any activity whose worker
 died). Calls that completed are in history and never run again.
 
+A ``"write"`` call records that its request is sent before it sends it, and an attempt that
+finds an earlier one lost after sending does not send it again: the outcome is unknown
+(:mod:`relaykit.activities.attempts`). A broken connection or a timeout during such a request is
+itself an unknown outcome (the server may have run it): the attempt fails with
+``ToolOutcomeUnknown`` at once; only a failure before the request was sent lets the next attempt
+send it. A stdio server is started so that it dies with its worker (Linux:
+``PR_SET_PDEATHSIG``, :mod:`relaykit.activities.mcp_launch`): a server orphaned by a killed worker
+would otherwise finish its call after the worker is gone.
+
 Classification, as for Python tools: an ``isError`` result or an error the server answered
 (unknown tool, invalid arguments) becomes an error result the model reads; a broken connection,
 a timeout or a server that cannot start raises, so Temporal retries with the server's policy and
@@ -41,6 +50,8 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from relaykit import errors
+from relaykit.activities.attempts import AttemptGuard
+from relaykit.activities.mcp_launch import orphan_safe_command
 from relaykit.mcp import (
     ACTIVITY_PREFIX,
     MCPCallRequest,
@@ -187,10 +198,12 @@ class _Session:
 
 def _transport_for(server: MCPServer) -> Any:
     if server.transport == "stdio":
+        env = server.resolved_env() or None
+        command = orphan_safe_command(server.command, env, server.cwd)
         params = mcp.StdioServerParameters(
-            command=server.command[0],
-            args=server.command[1:],
-            env=server.resolved_env() or None,
+            command=command[0],
+            args=command[1:],
+            env=env,
             cwd=server.cwd,
         )
         return mcp.client.stdio.stdio_client(params)
@@ -344,7 +357,10 @@ class MCPSessions:
                         schema.setdefault("properties", {})
                     tools.append(
                         MCPToolInfo(
-                            name=tool.name, description=tool.description or "", input_schema=schema
+                            name=tool.name,
+                            description=tool.description or "",
+                            input_schema=schema,
+                            effect=server.effect_of(tool.name, tool.annotations),
                         )
                     )
                 cursor = page.next_cursor
@@ -372,12 +388,17 @@ class MCPSessions:
         if not isinstance(arguments, dict):
             return ToolOutcome(content="Arguments must be a JSON object.", is_error=True)
 
+        guard = await AttemptGuard.check(request.effect, f"MCP tool {server.name}/{request.tool}")
+
         async def send(client: Any) -> Any:
+            await guard.claim()  # from here on the server may run it
             return await client.call_tool(request.tool, arguments, read_timeout_seconds=timeout)
 
         try:
-            result = await self._with_heartbeat(self._request(server, send, timeout))
+            result = await self._with_heartbeat(self._request(server, send, timeout), guard)
         except ApplicationError:
+            if guard.claimed:  # a "write" sent, then no answer (broken, timed out): it may have run
+                raise guard.lost(f"MCP tool {server.name}/{request.tool}") from None
             raise
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, mcp.MCPError):
@@ -400,8 +421,9 @@ class MCPSessions:
         text = render_result(result)
         return ToolOutcome(content=_truncate(text, server.max_output_chars), is_error=bool(result.is_error))
 
-    async def _with_heartbeat(self, coro: Any) -> Any:
-        """Heartbeat while a call runs when the server sets a heartbeat timeout."""
+    async def _with_heartbeat(self, coro: Any, guard: AttemptGuard | None = None) -> Any:
+        """Heartbeat while a call runs when the server sets a heartbeat timeout (repeating the
+        attempt's start record, which a bare heartbeat would erase)."""
         info = activity.info() if activity.in_activity() else None
         timeout = info.heartbeat_timeout if info is not None else None
         if not timeout:
@@ -413,7 +435,8 @@ class MCPSessions:
                 done, _ = await asyncio.wait({task}, timeout=interval)
                 if done:
                     return task.result()
-                activity.heartbeat()
+                claim = guard.details if guard is not None else None
+                activity.heartbeat(*(() if claim is None else (claim,)))
         finally:
             if not task.done():  # the activity was cancelled: so is the request
                 task.cancel()

@@ -5,6 +5,9 @@ Ordinary exceptions raised by a tool become an error result for the model (the r
 ``ApplicationError`` and cancellation go through Temporal (retries, cancellation), with messages
 and details cut below Temporal's payload limit: an oversized failure could not be recorded, so
 every attempt would fail after the tool had already done its work.
+
+A ``"write"`` tool's attempt first records that it starts, and does not run the tool when an
+earlier attempt was lost after starting it (:mod:`relaykit.activities.attempts`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from relaykit.activities.attempts import AttemptGuard
 from relaykit.handoff import Handoff, HandoffArgs, HandoffCallbackInput
 from relaykit.tools import MAX_TOOL_ERROR_BYTES, MAX_TOOL_RESULT_BYTES, Tool, ToolInvocation, ToolOutcome, cut_to_bytes
 
@@ -32,9 +36,14 @@ def tool_activity(
     cut to ``max_result_bytes`` once encoded."""
 
     async def run_tool(invocation: ToolInvocation) -> ToolOutcome:
+        # The effect the workflow recorded for this call, not today's code: None for calls
+        # scheduled before tools had effects (they run as they always did).
+        guard = await AttemptGuard.begin(invocation.effect, f"tool {tool.name!r}")
         try:
-            return await tool.invoke(invocation, executor, max_result_bytes)
+            return await tool.invoke(invocation, executor, max_result_bytes, guard=guard)
         except ApplicationError as exc:
+            if not exc.non_retryable:  # a known failure: the next attempt may run the tool
+                await guard.raised()
             raise bounded_application_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - the model decides what to do about it
             activity.logger.info("tool %s raised %s", tool.name, type(exc).__name__)

@@ -108,7 +108,10 @@ class AgentRun:
             f"**agent:** {state.agent}  ·  **status:** {state.status}  ·  **turn:** {state.turn}"
         ]
         for pending in state.pending_approvals.values():
-            details.append(f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`)")
+            why = f" — {pending.reason}" if pending.reason else ""  # e.g. an unknown outcome
+            details.append(
+                f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`){why}"
+            )
         workflow.set_current_details("\n".join(details))
         # One upsert per change of agent or status (not per turn: each is a history event).
         if self._loop.setup_flag("search_attributes") and (

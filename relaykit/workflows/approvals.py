@@ -91,7 +91,18 @@ class Approvals:
             text = "The call was rejected by a person."
         return ToolResult(text, is_error=True)
 
-    async def _await(self, agent: Agent, kind: ToolKind, call: ToolCall) -> ApprovalDecision:
+    async def ask(
+        self, agent: Agent, kind: ToolKind, call: ToolCall, *, reason: str | None = None
+    ) -> ApprovalDecision:
+        """Wait (durably, at no cost) for a person to approve or reject ``call``; ``reason``
+        tells the person why they are asked when it is not the tool's own rule (an unknown
+        outcome, :mod:`relaykit.workflows.tool_outcome`). ``kind`` names the tool and its
+        approval timeout."""
+        return await self._await(agent, kind, call, reason=reason)
+
+    async def _await(
+        self, agent: Agent, kind: ToolKind, call: ToolCall, *, reason: str | None = None
+    ) -> ApprovalDecision:
         run = self.run
         state = run.state
         if call.id in state.decisions:  # answered before a continue-as-new
@@ -111,6 +122,7 @@ class Approvals:
             turn=state.turn,
             requested_at=workflow.now(),
             workflow_id=workflow.info().workflow_id,
+            reason=reason,
         )
         state.pending_approvals[call.id] = pending
         run.emit("approval_requested", pending.model_dump(mode="json"))

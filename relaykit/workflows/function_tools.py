@@ -12,15 +12,19 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
+from relaykit.agent import Agent
 from relaykit.messages import ToolCall, ToolSpec
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
+from relaykit.workflows import tool_outcome
+from relaykit.workflows.approvals import Approvals
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
 
 
 class FunctionTool(ToolKind):
-    def __init__(self, run: Run, agent: str, entry: Tool) -> None:
+    def __init__(self, run: Run, approvals: Approvals, agent: Agent, entry: Tool) -> None:
         self.run = run
+        self.approvals = approvals
         self.agent = agent
         self.entry = entry
         self.name = entry.name
@@ -61,19 +65,36 @@ class FunctionTool(ToolKind):
         invocation = ToolInvocation(
             call_id=call.id,
             arguments=call.arguments,
-            agent=self.agent,
+            agent=self.agent.name,
             run_path=self.run.state.run_path,
+            # [tool effects] idempotency key and recorded effect (relaykit.workflows.tool_outcome)
+            **tool_outcome.invocation_fields(self.run, call, entry.effect, entry.on_unknown),
         )  # the workflow id is in the activity's own info: not repeated in every input
-        try:
-            outcome = await workflow.execute_activity(
+
+        async def execute(request: ToolInvocation) -> ToolOutcome:
+            outcome: ToolOutcome = await workflow.execute_activity(
                 entry.name,
-                invocation,
+                request,
                 result_type=ToolOutcome,
                 start_to_close_timeout=entry.timeout,
                 heartbeat_timeout=entry.heartbeat_timeout or None,  # timedelta(0): off
                 retry_policy=entry.retry,
                 task_queue=entry.task_queue,
-                summary=summarize_call(entry.name, call.arguments),
+                summary=tool_outcome.summary(summarize_call(entry.name, call.arguments), request),
+            )
+            return outcome
+
+        try:
+            # [tool effects] a "write" call lost in flight is reported or asked about, not rerun
+            outcome = await tool_outcome.run_guarded(
+                self.run,
+                self.approvals,
+                self.agent,
+                self,
+                call,
+                invocation,
+                execute,
+                what=f"tool {entry.name!r}",
             )
         except ActivityError as exc:
             if is_cancelled_exception(exc):

@@ -29,6 +29,8 @@ from relaykit.mcp import (
 from relaykit.messages import ToolCall, ToolSpec
 from relaykit.tool_args import SUBAGENT_TOOLS
 from relaykit.tools import ToolOutcome, summarize_call
+from relaykit.workflows import tool_outcome
+from relaykit.workflows.approvals import Approvals
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
 
@@ -101,18 +103,19 @@ class MCPTools:
         self._entries[agent.name] = entries
         return entries
 
-    def kinds(self, run: Run, agent: Agent) -> list[MCPTool]:
+    def kinds(self, run: Run, approvals: Approvals, agent: Agent) -> list[MCPTool]:
         if not self.servers(agent):
             return []
         entries = self.entries(agent, run.setup_flag("lovia_tool_names"))
-        return [MCPTool(run, agent.name, entry) for entry in entries.values()]
+        return [MCPTool(run, approvals, agent, entry) for entry in entries.values()]
 
 
 class MCPTool(ToolKind):
     """One listed tool of an MCP server, called as the activity ``mcp:<server>/<tool>``."""
 
-    def __init__(self, run: Run, agent: str, entry: MCPToolEntry) -> None:
+    def __init__(self, run: Run, approvals: Approvals, agent: Agent, entry: MCPToolEntry) -> None:
         self.run = run
+        self.approvals = approvals
         self.agent = agent
         self.entry = entry
         self.name = entry.name
@@ -155,20 +158,39 @@ class MCPTool(ToolKind):
             tool=entry.info.name,
             call_id=call.id,
             arguments=call.arguments,
-            agent=self.agent,
+            agent=self.agent.name,
             run_path=self.run.state.run_path,
+            # [tool effects] the effect recorded with the listing (relaykit.workflows.tool_outcome)
+            **tool_outcome.invocation_fields(self.run, call, entry.info.effect, server.on_unknown),
         )
-        try:
-            outcome = await workflow.execute_activity(
+
+        async def execute(sent: MCPCallRequest) -> ToolOutcome:
+            outcome: ToolOutcome = await workflow.execute_activity(
                 server.call_activity(entry.info.name),
-                request,
+                sent,
                 result_type=ToolOutcome,
                 # One attempt may have to restart a dead server before sending the request.
                 start_to_close_timeout=server.timeout + server.list_timeout,
                 heartbeat_timeout=server.heartbeat_timeout,
                 retry_policy=server.retry,
                 task_queue=server.task_queue,
-                summary=summarize_call(f"{server.name}.{entry.info.name}", call.arguments),
+                summary=tool_outcome.summary(
+                    summarize_call(f"{server.name}.{entry.info.name}", call.arguments), sent
+                ),
+            )
+            return outcome
+
+        try:
+            # [tool effects] a "write" call lost in flight is reported or asked about, not rerun
+            outcome = await tool_outcome.run_guarded(
+                self.run,
+                self.approvals,
+                self.agent,
+                self,
+                call,
+                request,
+                execute,
+                what=f"MCP tool {server.name}/{entry.info.name}",
             )
         except ActivityError as exc:
             if is_cancelled_exception(exc):

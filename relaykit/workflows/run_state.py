@@ -30,7 +30,7 @@ from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.context import ContextTransport
-from relaykit.workflows.semantics import recorded_semantics
+from relaykit.workflows.semantics import recorded_semantics, recorded_tool_effects
 
 # Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
 # consulted when the change applies (a marker lands in history only then).
@@ -89,6 +89,7 @@ class Run:
             ),
             event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
             **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
+            **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
         )
 
     # --- events and status ----------------------------------------------------------------------

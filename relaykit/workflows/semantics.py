@@ -28,6 +28,17 @@ PATCHES = {
 """``RunSetup`` field → patch id (compatibility data: never rename a patch id)."""
 
 
+PATCH_TOOL_EFFECTS = "relaykit.tool-effects"
+"""``RunSetup.tool_effects``: tool calls carry their effect
+(:mod:`relaykit.workflows.tool_outcome`)."""
+
+
+def recorded_tool_effects() -> dict[str, bool]:
+    """The ``RunSetup`` field of effects, for a run's first workflow task: ``True`` for a new run
+    (a marker is written), ``False`` when replaying a run recorded before."""
+    return {"tool_effects": workflow.patched(PATCH_TOOL_EFFECTS)}
+
+
 def recorded_semantics() -> dict[str, bool]:
     """The ``RunSetup`` fields of lovia's semantics, for a run's first workflow task: ``True``
     for a new run (a marker is written), ``False`` when replaying a run recorded before."""

@@ -17,7 +17,9 @@ Everything that applies to every call is the tool path's, never a kind's: the ``
 ``tool_result`` events, the argument check (a JSON object), the unknown-tool answer, the loop
 guard, the approval wait and its order, the transcript message, and counting the usage a
 :class:`ToolResult` carries towards the budget. A kind never writes a transcript message and
-never waits for a person.
+never asks for the approval its tool's rule requires; the one person it may ask is about a
+``"write"`` call lost in flight, through :mod:`relaykit.workflows.tool_outcome` (the kinds that
+run tool activities: function tools, MCP tools).
 
 Workflow code: deterministic, no I/O.
 """

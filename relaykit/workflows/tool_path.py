@@ -101,7 +101,7 @@ class ToolPath:
                 if lovia_names and entry.legacy_name != entry.name:  # a call recorded before
                     aliases.append(AgentToolKind(run, entry, self.child_ids, entry.legacy_name))
             elif isinstance(entry, Tool):
-                kinds.append(FunctionTool(run, agent.name, entry))
+                kinds.append(FunctionTool(run, self.approvals, agent, entry))
         handoffs: list[ToolKind] = []
         handoff_aliases: list[ToolKind] = []
         for handoff in map(as_handoff, agent.handoffs):
@@ -118,7 +118,7 @@ class ToolPath:
                 SubagentTool(run, self.tasks, agent, name, shown.get(name))
                 for name in SUBAGENT_TOOLS
             ]
-        mcp: list[ToolKind] = list(self.mcp.kinds(run, agent))
+        mcp: list[ToolKind] = list(self.mcp.kinds(run, self.approvals, agent))
         table = AgentTools()
         for kind in [*kinds, *handoffs, *subagents, *mcp]:
             spec = kind.spec()
