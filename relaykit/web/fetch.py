@@ -12,7 +12,7 @@ import re
 import socket
 import ssl
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
@@ -111,7 +111,10 @@ class _HostRules:
     def build(cls, config: FetchConfig, env: dict[str, str] | None = None) -> _HostRules:
         env = dict(os.environ) if env is None else env
         allow = config.allow_private or env.get(ENV_ALLOW_PRIVATE, "").strip().lower() in (
-            "1", "true", "yes", "on",
+            "1",
+            "true",
+            "yes",
+            "on",
         )
         entries = list(config.allowed_hosts)
         entries += [e for e in env.get(ENV_ALLOWED_HOSTS, "").split(",") if e.strip()]
@@ -261,9 +264,12 @@ async def fetch_page(url: str, config: FetchConfig) -> FetchedPage:
     rules = _HostRules.build(config)
     timeout = httpx.Timeout(config.timeout, connect=min(config.connect_timeout, config.timeout))
     try:
-        async with asyncio.timeout(config.timeout), httpx.AsyncClient(
-            timeout=timeout, follow_redirects=False, trust_env=False, verify=config.verify
-        ) as client:
+        async with (
+            asyncio.timeout(config.timeout),
+            httpx.AsyncClient(
+                timeout=timeout, follow_redirects=False, trust_env=False, verify=config.verify
+            ) as client,
+        ):
             for _hop in range(config.max_redirects + 1):
                 addresses = await _checked_addresses(current, rules)
                 async with _open(client, current, addresses, config) as response:
@@ -404,7 +410,8 @@ def _check_status(response: httpx.Response, url: httpx.URL) -> None:
 
 
 def _content_type(response: httpx.Response) -> str:
-    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    header: str = response.headers.get("content-type", "")
+    return header.split(";", 1)[0].strip().lower()
 
 
 def _is_text_type(content_type: str) -> bool:

@@ -8,20 +8,57 @@ from typing import Any
 
 from relaykit.web.fetch import HTML_TYPES, FetchedPage
 
-
 #: Elements whose content is never text a reader wants.
 SKIPPED_TAGS = frozenset(
     {
-        "script", "style", "noscript", "template", "svg", "math", "nav", "iframe", "object",
-        "embed", "canvas", "select", "datalist", "head",
+        "script",
+        "style",
+        "noscript",
+        "template",
+        "svg",
+        "math",
+        "nav",
+        "iframe",
+        "object",
+        "embed",
+        "canvas",
+        "select",
+        "datalist",
+        "head",
     }
 )
 _HEADINGS = {f"h{n}": n for n in range(1, 7)}
 _BLOCK_TAGS = frozenset(
     {
-        "p", "div", "section", "article", "main", "header", "footer", "aside", "blockquote",
-        "figure", "figcaption", "table", "tr", "ul", "ol", "dl", "dt", "dd", "form", "fieldset",
-        "address", "details", "summary", "body", "html", "hr", "caption", "li", "pre",
+        "p",
+        "div",
+        "section",
+        "article",
+        "main",
+        "header",
+        "footer",
+        "aside",
+        "blockquote",
+        "figure",
+        "figcaption",
+        "table",
+        "tr",
+        "ul",
+        "ol",
+        "dl",
+        "dt",
+        "dd",
+        "form",
+        "fieldset",
+        "address",
+        "details",
+        "summary",
+        "body",
+        "html",
+        "hr",
+        "caption",
+        "li",
+        "pre",
         *_HEADINGS,
     }
 )
@@ -104,7 +141,9 @@ def html_to_text(html: str) -> tuple[str | None, str]:
 
     The page is parsed by selectolax (the Lexbor HTML5 parser), so sloppy markup becomes the
     tree a browser would build; only the rendering of that tree into blocks is ours."""
-    from selectolax.lexbor import LexborHTMLParser  # loaded by the workers that fetch pages
+    from selectolax.lexbor import (
+        LexborHTMLParser,  # loaded by the workers that fetch pages
+    )
 
     tree = LexborHTMLParser(html)
     title = _title(tree)
