@@ -737,12 +737,16 @@ async def collect_garbage(
             if running_child:
                 report.kept[label] = f"child run {running_child[0].id} is running"
                 continue
-        if closed_at is None:  # unknown to Temporal: the last write is when it was last used
-            closed_at = max((o.last_modified async for o in store.list(run_prefix(scope))), default=None)
-            if closed_at is None:
+        forgotten = closed_at is None
+        if forgotten:  # unknown to Temporal: the last write is when it was last used
+            written = [o.last_modified async for o in store.list(run_prefix(scope))]
+            if not written:
                 continue
+            closed_at = max(written)
+        assert closed_at is not None
         if now - closed_at < retention:
-            report.kept[label] = f"closed {_ago(now - closed_at)} ago, retention {_ago(retention)}"
+            when = "unknown to Temporal, last written" if forgotten else "closed"
+            report.kept[label] = f"{when} {_ago(now - closed_at)} ago, retention {_ago(retention)}"
             continue
         if dry_run:
             report.deleted[label] = sum([1 async for _ in store.list(run_prefix(scope))])
