@@ -20,7 +20,16 @@ from relaykit import Agent, start_run
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, text
 from tests.support import scripted_model, serving
-from tests.test_cli import ROOT, Lines, cli_env, relaykit, stop, worker_process
+from tests.test_cli import (
+    ROOT,
+    SLOW_AGENTS,
+    Lines,
+    cli_env,
+    relaykit,
+    stop,
+    wait_for_file,
+    worker_process,
+)
 
 LONG_LINE = " ".join(f"word{i} [bold]x[/bold] :smile:" for i in range(60))
 """Far beyond 80 columns, with what rich would turn into markup and emoji."""
@@ -181,3 +190,52 @@ def test_readme_says_how_to_get_the_relaykit_command_after_the_quick_start() -> 
     quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     assert "source .venv/bin/activate" in quick_start
     assert ".venv/bin/relaykit" in quick_start
+
+
+def test_a_worker_piped_into_tee_stops_on_the_first_ctrl_c_while_it_holds_a_run(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # `relaykit worker … | tee log` in a terminal: Ctrl-C reaches the whole pipeline (tee dies
+    # with it, so stdout is a broken pipe) while a tool call of a run is in flight. One signal
+    # is enough: calls in flight get the grace period, then the worker exits by itself.
+    (tmp_path / "slow_agents.py").write_text(SLOW_AGENTS)
+    queue_name = f"tee-{uuid.uuid4().hex[:8]}"
+
+    def sigint_as_in_a_terminal() -> None:  # a test runner may start children ignoring SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "relaykit.cli", "worker", "slow_agents", "--task-queue", queue_name,
+         "--graceful-shutdown", "2"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, process_group=0, preexec_fn=sigint_as_in_a_terminal,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT), "RELAYKIT_MODEL": "scripted",
+             "SLOW_DIR": str(tmp_path), "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"),
+             **cli_env(temporal_server)},
+    )
+    assert worker.stdout is not None
+    tee = subprocess.Popen(  # in the worker's process group, as a shell's pipeline puts it
+        ["tee", str(tmp_path / "worker.log")], stdin=worker.stdout, stdout=subprocess.DEVNULL,
+        process_group=worker.pid, preexec_fn=sigint_as_in_a_terminal,
+    )
+    worker.stdout.close()
+    try:
+        lines = Lines(worker.stderr)
+        lines.wait_for("worker on task queue")
+        started = relaykit("run", "slowpoke", "go", "-q", queue_name, env=cli_env(temporal_server))
+        assert started.returncode == 0, started.stderr
+        wait_for_file(tmp_path / "holding")  # the run's tool call is in flight
+        os.killpg(worker.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+        assert worker.wait(timeout=60) == 0, "\n".join(lines.lines)
+        assert tee.wait(timeout=10) != 0  # tee died of the same Ctrl-C
+        lines.wait_for("worker stopped")
+    finally:
+        for proc in (worker, tee):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        (tmp_path / "release").write_text("")
+    said = "\n".join(lines.lines)
+    assert "stopping: no new work; calls in flight get up to 2 s to finish" in said
+    assert "stopping now" not in said and "Traceback" not in said
+    relaykit("terminate", started.stdout.strip(), env=cli_env(temporal_server))

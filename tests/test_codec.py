@@ -592,6 +592,31 @@ async def test_commands_without_the_codec_fail_in_one_line_before_changing_the_r
         assert (await handle.result()).output == "paid"
 
 
+async def test_run_wait_with_another_key_than_the_workers_is_one_line_not_an_endless_wait(
+    deployment: Deployment,
+) -> None:
+    # The worker cannot decrypt the run's input, so its workflow task fails on every attempt and
+    # Temporal keeps the run open: `run --wait` reads that from the run, not waits forever.
+    run_id = f"enc-mismatch-{uuid.uuid4().hex[:6]}"
+    other = {**deployment.env, "RELAYKIT_CODEC_KEY": OTHER_KEY}
+    code, out, err = await relaykit_cmd(
+        "run", "payouts", f"Pay {NAME} 5 EUR", "-q", deployment.task_queue, "--id", run_id,
+        "--wait", env=other,
+    )
+    client = await deployment.client()
+    await client.get_workflow_handle(run_id).terminate()
+    assert (code, out) == (1, ""), err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith(f"run {run_id}")
+    assert lines[1:] == [
+        f"error: the worker on task queue {deployment.task_queue!r} cannot run {run_id}, and its "
+        "error is encoded as 'binary/encrypted' with a codec or key this command lacks: the "
+        "worker and this command use different codecs or keys (hint: give both the same "
+        f"RELAYKIT_CODEC and key; the worker keeps retrying; `relaykit terminate {run_id}` ends "
+        "the run)"
+    ]
+
+
 async def test_temporal_cli_shows_decoded_payloads_through_the_codec_server(
     deployment: Deployment, model_server: ScriptedModelServer, codec_server: str
 ) -> None:
