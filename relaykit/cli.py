@@ -651,6 +651,8 @@ async def run(
         )
     _text_arg(prompt, "prompt")
     _text_arg(agent, "agent name")
+    if not agent.strip():
+        raise RelaykitError("the agent name is empty", hint="give the name of an agent a worker serves")
     _text_arg(run_id, "run id")
     client = await _client(address, namespace)
     handle, existing = await _start_or_attach(
@@ -938,7 +940,7 @@ async def runs(
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
     roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
-    limit: Annotated[int, typer.Option(help="At most this many runs, newest first")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first")] = 50,
     only_stuck: Annotated[
         bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
     ] = False,
@@ -1114,7 +1116,9 @@ async def deployment_status(
 @app.command("codec-server")
 @command
 async def codec_server(
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 8081,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port)")
+    ] = 8081,
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
     origin: Annotated[
         list[str] | None,
@@ -1187,11 +1191,11 @@ async def gc(
     """Delete stored transcripts and payloads of runs that closed longer ago than the retention."""
     from relaykit.storage import Store, collect_garbage, parse_duration
 
+    kept_for = parse_duration(retention) if retention else None  # bad input before connecting
     target = Store(store)
+    target.check()
     client = await _client(address, namespace)
-    report = await collect_garbage(
-        target, client, retention=parse_duration(retention) if retention else None, dry_run=dry_run
-    )
+    report = await collect_garbage(target, client, retention=kept_for, dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     for run_id, count in sorted(report.deleted.items()):
         print(f"{verb} {run_id}: {count} objects")

@@ -274,7 +274,9 @@ class Store:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise ConfigurationError(
-                f"cannot open the store {self.location}: {exc}",
+                # obstore's messages run over many lines (a debug dump of its options).
+                f"cannot open the store {self.location}: "
+                + (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(" :{"),
                 hint="set RELAYKIT_STORE to file:///dir, s3://bucket/prefix, gs://… or az://…",
             ) from None
 
@@ -671,12 +673,18 @@ def parse_duration(text: str) -> timedelta:
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     try:
         if text and text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
-    except ValueError:
+            duration = timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        else:
+            duration = timedelta(seconds=float(text))
+    except (ValueError, OverflowError):
         raise ConfigurationError(
             f"not a duration: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
         ) from None
+    if duration < timedelta(0):  # a negative retention would delete every closed run's data
+        raise ConfigurationError(
+            f"a duration cannot be negative: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
+        )
+    return duration
 
 
 def retention_from_env() -> timedelta:
