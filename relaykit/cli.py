@@ -555,18 +555,20 @@ async def _failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | N
     raw = description.raw_description
     if not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < 2:
         return None
-    failure = None
+    failure = None  # the failure of the latest workflow task, if that task failed
     try:
         async for event in handle.workflow.fetch_history_events():
             if event.HasField("workflow_task_failed_event_attributes"):
                 failure = event.workflow_task_failed_event_attributes.failure
+            elif event.HasField("workflow_task_completed_event_attributes") or event.HasField(
+                "workflow_task_timed_out_event_attributes"
+            ):  # an earlier failure that a later attempt got past, or a worker gone: not this
+                failure = None
     except RPCError:
         return None
     if failure is None:
         return None
-    hint = (
-        f"the worker keeps retrying; `relaykit terminate {handle.id}` ends the run"
-    )
+    hint = f"the worker keeps retrying; `relaykit terminate {handle.id}` ends the run"
     if failure.HasField("encoded_attributes"):  # the worker's failure converter encoded it
         try:
             decoded = await handle.client.data_converter.decode_failure(failure)
@@ -581,7 +583,9 @@ async def _failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | N
             )
     else:
         message = failure.message
-    first = (message.strip().splitlines() or ["no message"])[0]
+    from relaykit.stuck import first_line
+
+    first = first_line(message)
     return RelaykitError(
         f"the worker on task queue {task_queue!r} fails run {handle.id} on every attempt: {first}",
         hint=f"a codec or key other than this command's gives this too; {hint}",

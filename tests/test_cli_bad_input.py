@@ -9,6 +9,7 @@ exception escaping a command is exactly what would have been a traceback."""
 
 from __future__ import annotations
 
+import inspect
 import signal
 import typing
 import uuid
@@ -22,7 +23,21 @@ from typer.testing import CliRunner, Result
 from relaykit.cli import app
 from relaykit.devserver import DevServer
 
-COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+
+
+def _walk(group: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """``("deployment status", command)`` for every command, inside groups too."""
+    for name, command in group.commands.items():
+        path = (*prefix, name)
+        if hasattr(command, "commands"):
+            yield from _walk(command, path)
+        else:
+            yield " ".join(path), command
+
+
+ROOT_COMMAND = typer.main.get_command(app)
+COMMANDS = dict(_walk(ROOT_COMMAND))
+GROUPS = sorted(name for name, c in ROOT_COMMAND.commands.items() if hasattr(c, "commands"))  # type: ignore[attr-defined]
 UNKNOWN_RUN = f"no-such-run-{uuid.uuid4().hex[:8]}"
 NOBODY = f"nobody-{uuid.uuid4().hex[:8]}"
 """A task queue no worker polls: runs started by a bad-input case never execute."""
@@ -84,10 +99,7 @@ NOT_AN_ERROR = {"ui-url"}
 
 
 def _numeric_options(name: str) -> list[str]:
-    callback = next(
-        c.callback for c in app.registered_commands
-        if (c.name or c.callback.__name__.replace("_", "-")) == name  # type: ignore[union-attr]
-    )
+    callback = inspect.unwrap(COMMANDS[name].callback)
     hints = typing.get_type_hints(callback, include_extras=True)
     flags = []
     for param in COMMANDS[name].params:
@@ -105,17 +117,20 @@ def _numeric_options(name: str) -> list[str]:
 def cases(name: str) -> Iterator[tuple[list[str], bool]]:
     """``(argv, is_an_error)`` for one command."""
     command = COMMANDS[name]
+    path = name.split()
     required = [p for p in command.params if p.param_type_name == "argument" and p.required]
     fill = [UNKNOWN_RUN if p.name == "run_id" else "x" for p in required]
     if required:
-        yield [name], True
-    yield [name, *fill, "--no-such-option"], True
+        yield path, True
+    yield [*path, *fill, "--no-such-option"], True
     for flag in _numeric_options(name):
-        yield [name, *fill, flag, "not-a-number"], True
+        yield [*path, *fill, flag, "not-a-number"], True
     if required and required[0].name == "run_id":
         for run_id in (UNKNOWN_RUN, *ODD_RUN_IDS):
-            yield [name, run_id, *fill[1:]], name not in NOT_AN_ERROR
-        yield [name, CLOSED, *fill[1:]], False  # a defined outcome, maybe not an error
+            yield [*path, run_id, *fill[1:]], name not in NOT_AN_ERROR
+        yield [*path, CLOSED, *fill[1:]], False  # a defined outcome, maybe not an error
+    if path[0] in GROUPS and len(path) == 2:
+        yield [path[0], "no-such-subcommand"], True
     for argv in SPECIFIC.get(name, []):
         yield argv, True
 
