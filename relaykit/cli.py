@@ -264,12 +264,9 @@ async def _check_payloads_readable(handle: RunHandle) -> None:
             raise describe_decode_error(exc, any_error=True) from None
 
 
-DEFAULT_UI_URL = "http://127.0.0.1:8233"
-"""The UI of `relaykit dev` (and `temporal server start-dev`): the address it binds, the same
-one every command prints."""
-
-
 def ui_base() -> str:
+    from relaykit.devserver import DEFAULT_UI_URL
+
     return (os.environ.get("RELAYKIT_UI_URL") or DEFAULT_UI_URL).rstrip("/")
 
 
