@@ -285,6 +285,7 @@ async def fanout(bench: Bench) -> None:
 
 
 IDLE_WINDOW_S = 5.0
+WARM_RSS_MARGIN_MB = 15.0
 
 
 async def _wait_parked(bench: Bench, worker: Worker, n: int, timeout: float = 600.0) -> float:
@@ -309,7 +310,7 @@ async def idle(bench: Bench) -> None:
     n = bench.settings.idle_n
     reps = bench.settings.repetitions(2, 1)
     rss, per_run_kb, answer, drain = _per_system(), _per_system(), _per_system(), _per_system()
-    idle_cpu, park = _per_system(), _per_system()
+    idle_cpu, park, warm_rss = _per_system(), _per_system(), _per_system()
     for _, order in rounds(reps):
         for system in order:
             worker = bench.start_worker(system)
@@ -319,6 +320,7 @@ async def idle(bench: Bench) -> None:
                 await bench.answer_approval(system, warm)
                 await bench.result(warm)
                 base = bench.rss_mb(worker)["VmRSS"]
+                warm_rss[system].append(base)
                 began = time.perf_counter()
                 handles = await gather_limited(
                     lambda _: bench.start_approval(worker), range(n), 100
@@ -342,6 +344,15 @@ async def idle(bench: Bench) -> None:
             finally:
                 worker.stop()
     label = f"N={n}"
+    r = bench.results.add(
+        Row(scenario, "worker RSS after warm-up (one run answered)", "MB", *_both(warm_rss),
+            target=f"≤ floor + {WARM_RSS_MARGIN_MB:g} MB", absolute=True)
+    )
+    r.ok = (
+        r.relaykit is not None
+        and r.floor is not None
+        and r.relaykit.max <= r.floor.median + WARM_RSS_MARGIN_MB
+    )
     r = bench.results.add(
         Row(scenario, f"worker RSS while {n} runs wait", "MB", *_both(rss),
             target="relaykit < 100 MB", absolute=True)

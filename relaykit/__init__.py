@@ -4,6 +4,9 @@ An agent run is a Temporal workflow; every model call and every tool execution i
 so a crash of a worker, a model server or a machine loses nothing.
 """
 
+import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
+
+# isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
 from relaykit.context_policy import ContextPolicy, default_context_policy

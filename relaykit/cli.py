@@ -26,6 +26,7 @@ from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -159,6 +160,8 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
             _fail(str(exc))
         except WorkflowUpdateFailedError as exc:  # e.g. an unknown or already answered call id
             _fail(str(getattr(exc.cause, "message", exc.cause)))
+        except WorkflowQueryFailedError as exc:  # a worker that could not answer a query
+            _fail(f"the run's worker could not answer: {(str(exc).strip().splitlines() or [''])[0]}")
         except RPCError as exc:
             _fail(f"Temporal: {exc.message}")
         except KeyError as exc:  # Temporal's error for a payload encoding no codec here reads
@@ -262,7 +265,9 @@ async def _check_payloads_readable(handle: RunHandle) -> None:
 
 
 def ui_base() -> str:
-    return os.environ.get("RELAYKIT_UI_URL", "http://localhost:8233").rstrip("/")
+    from relaykit.devserver import DEFAULT_UI_URL
+
+    return (os.environ.get("RELAYKIT_UI_URL") or DEFAULT_UI_URL).rstrip("/")
 
 
 def ui_url(workflow_id: str, namespace: str = "default") -> str:
@@ -312,6 +317,25 @@ async def _queried_handle(
     )
 
 
+def _replay_refused(
+    handle: RunHandle, description: WorkflowExecutionDescription, exc: WorkflowQueryFailedError
+) -> RelaykitError:
+    """A query Temporal answered by replaying the run on a worker that cannot (it does not
+    define the run's agents, or its code changed): one line instead of the replay's error."""
+    run_id = handle.id
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    reason = (str(exc).strip().splitlines() or [""])[0]
+    state = "closed (" + _status_word(description) + ")" if not _is_open(description) else "open"
+    return RelaykitError(
+        f"run {run_id!r} is {state} and the worker now serving task queue {queue!r} cannot "
+        f"replay it to read its event log (it does not serve the run's agents, or their code "
+        f"changed): {reason[:200]}",
+        hint=f"serve the run's agents on that queue (`relaykit worker MODULE --task-queue "
+        f"{queue}`); `relaykit result {run_id}` shows how it ended, the Temporal UI its history: "
+        f"{ui_url(run_id, handle.client.namespace)}",
+    )
+
+
 async def _open_handle(
     run_id: str, address: str | None, namespace: str | None, doing: str
 ) -> tuple[RunHandle, WorkflowExecutionDescription]:
@@ -343,12 +367,23 @@ async def _served_handle(
     return handle, description
 
 
+def _print_answer(output: Any) -> None:
+    """A run's answer exactly as the run gave it. Through a pipe or into a file it goes byte for
+    byte (rich would hard-wrap it at 80 columns, breaking long lines and JSON strings); on a
+    terminal it wraps softly, so copying it still gives the original lines."""
+    text = output if isinstance(output, str) else json.dumps(output, indent=2, ensure_ascii=False)
+    if console.is_terminal:
+        console.print(text, highlight=False, markup=False, emoji=False, soft_wrap=True)
+        return
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def _print_result(result: Any, as_json: bool) -> None:
     if as_json:
         print(result.model_dump_json(indent=2))
         return
-    output = result.output if isinstance(result.output, str) else json.dumps(result.output, indent=2)
-    console.print(output, highlight=False, markup=False)
+    _print_answer(result.output)
     err_console.print(
         f"[dim]agent {result.final_agent} · {result.turns} turns · {result.usage.requests} "
         f"model calls · {result.usage.input_tokens} in / {result.usage.output_tokens} out tokens[/dim]"
@@ -501,13 +536,68 @@ async def _status_line(handle: RunHandle) -> str | None:
     return f"{state.agent} · turn {state.turn}{status}{_activity_line(description)}"
 
 
+FAILING_TASK_CHECK = 2.0
+"""Seconds between the checks of a waiting ``run`` for a worker that keeps failing the run."""
+
+
+async def _failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | None:
+    """Why the worker keeps failing the run's workflow task, when it does. Temporal retries a
+    failed workflow task forever without closing the run, so without this a worker that cannot
+    decode the run's input (another codec or key than this command's) would leave ``run --wait``
+    waiting without a word."""
+    try:
+        description = await handle.workflow.describe()
+    except RPCError:
+        return None
+    raw = description.raw_description
+    if not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < 2:
+        return None
+    failure = None  # the failure of the latest workflow task, if that task failed
+    try:
+        async for event in handle.workflow.fetch_history_events():
+            if event.HasField("workflow_task_failed_event_attributes"):
+                failure = event.workflow_task_failed_event_attributes.failure
+            elif event.HasField("workflow_task_completed_event_attributes") or event.HasField(
+                "workflow_task_timed_out_event_attributes"
+            ):  # an earlier failure that a later attempt got past, or a worker gone: not this
+                failure = None
+    except RPCError:
+        return None
+    if failure is None:
+        return None
+    hint = f"the worker keeps retrying; `relaykit terminate {handle.id}` ends the run"
+    if failure.HasField("encoded_attributes"):  # the worker's failure converter encoded it
+        try:
+            decoded = await handle.client.data_converter.decode_failure(failure)
+            message = str(decoded)
+        except Exception:  # noqa: BLE001 - a codec may raise anything
+            encoding = failure.encoded_attributes.metadata.get("encoding", b"").decode(errors="replace")
+            return RelaykitError(
+                f"the worker on task queue {task_queue!r} cannot run {handle.id}, and its error "
+                f"is encoded as {encoding!r} with a codec or key this command lacks: the worker "
+                "and this command use different codecs or keys",
+                hint=f"give both the same RELAYKIT_CODEC and key; {hint}",
+            )
+    else:
+        message = failure.message
+    from relaykit.stuck import first_line
+
+    first = first_line(message)
+    return RelaykitError(
+        f"the worker on task queue {task_queue!r} fails run {handle.id} on every attempt: {first}",
+        hint=f"a codec or key other than this command's gives this too; {hint}",
+    )
+
+
 async def _wait_for_result(handle: RunHandle, task_queue: str) -> RunResult:
     """Wait for the run's result. On a terminal, a live status line says what the run is
-    doing; anywhere, a run no worker serves is said to wait for one."""
+    doing; anywhere, a run no worker serves is said to wait for one, and a run its worker keeps
+    failing ends the wait with why."""
     result_task = asyncio.ensure_future(handle.result())
     live = err_console.is_terminal
     began = time.monotonic()
     worker_checked = False
+    task_checked = began
     status = err_console.status("waiting for the run to start…") if live else nullcontext()
     try:
         with status:
@@ -519,6 +609,11 @@ async def _wait_for_result(handle: RunHandle, task_queue: str) -> RunResult:
                     worker_checked = True
                     if not await _served(handle.client, task_queue):
                         _warn_no_worker(task_queue)
+                if time.monotonic() - task_checked >= FAILING_TASK_CHECK:
+                    task_checked = time.monotonic()
+                    failing = await _failing_task(handle, task_queue)
+                    if failing is not None:
+                        raise failing
                 if live:
                     line = await _status_line(handle)
                     if line is not None and hasattr(status, "update"):
@@ -551,8 +646,14 @@ async def run(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Start a run; print its id (and, with --wait, then its result)."""
+    if max_turns < 1:
+        raise RelaykitError(
+            f"--max-turns must be at least 1, not {max_turns}", hint="a run needs one model turn"
+        )
     _text_arg(prompt, "prompt")
     _text_arg(agent, "agent name")
+    if not agent.strip():
+        raise RelaykitError("the agent name is empty", hint="give the name of an agent a worker serves")
     _text_arg(run_id, "run id")
     client = await _client(address, namespace)
     handle, existing = await _start_or_attach(
@@ -574,7 +675,16 @@ async def run(
     if wait:
         err_console.print(f"run [bold]{handle.id}[/bold]  {ui_url(handle.id, client.namespace)}",
                           highlight=False)
-        _print_result(await _wait_for_result(handle, queue), as_json)
+        try:
+            finished = await _wait_for_result(handle, queue)
+        except asyncio.CancelledError:  # Ctrl-C: only this command stops
+            err_console.print(
+                f"stopped waiting; run {handle.id} goes on (`relaykit result {handle.id}` waits "
+                f"for it again, `relaykit cancel {handle.id}` stops it)",
+                highlight=False,
+            )
+            raise
+        _print_result(finished, as_json)
         return
     try:  # surface immediate failures (an agent the worker does not serve) as an error
         await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
@@ -615,7 +725,7 @@ def ui_url_command(
     run_id: RunIdArg,
     namespace: Annotated[str, typer.Option(help="Temporal namespace")] = "default",
 ) -> None:
-    """Print the Temporal UI link of a run (base: RELAYKIT_UI_URL, default localhost:8233)."""
+    """Print the Temporal UI link of a run (base: RELAYKIT_UI_URL, default 127.0.0.1:8233)."""
     print(ui_url(run_id, os.environ.get("TEMPORAL_NAMESPACE", namespace)))
 
 
@@ -766,8 +876,12 @@ async def events(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Print a run's event log."""
-    handle, _ = await _queried_handle(run_id, address, namespace, "event log")
-    for event in await handle.events(offset):
+    handle, description = await _queried_handle(run_id, address, namespace, "event log")
+    try:
+        logged = await handle.events(offset)
+    except WorkflowQueryFailedError as exc:
+        raise _replay_refused(handle, description, exc) from None
+    for event in logged:
         if as_json:
             print(event.model_dump_json())
         else:
@@ -793,7 +907,7 @@ async def watch(
     """Follow a run (and its child runs) live, or print a finished run's log."""
     from relaykit.watch import watch_run
 
-    handle, _ = await _queried_handle(run_id, address, namespace, "event log")
+    handle, description = await _queried_handle(run_id, address, namespace, "event log")
     seen = {"cursor": start}
 
     def remember(cursor: str) -> None:
@@ -803,6 +917,8 @@ async def watch(
         state = await watch_run(
             handle, console, from_offset=start, plain=plain, on_cursor=remember
         )
+    except WorkflowQueryFailedError as exc:
+        raise _replay_refused(handle, description, exc) from None
     except asyncio.CancelledError:  # Ctrl-C: the run goes on
         err_console.print(
             f"stopped watching (the run goes on); resume with: relaykit watch {run_id} "
@@ -813,8 +929,7 @@ async def watch(
     tokens = "" if state.tokens is None else f" · {state.tokens} tokens"
     err_console.print(f"[dim]run {state.status} · agent {state.agent}{tokens}[/dim]")
     if state.status == "completed" and state.output is not None and console.is_terminal and not plain:
-        output = state.output if isinstance(state.output, str) else json.dumps(state.output, indent=2)
-        console.print(output, highlight=False, markup=False)
+        _print_answer(state.output)
 
 
 @app.command()
@@ -827,7 +942,7 @@ async def runs(
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
     roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
-    limit: Annotated[int, typer.Option(help="At most this many runs, newest first")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first")] = 50,
     only_stuck: Annotated[
         bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
     ] = False,
@@ -850,10 +965,12 @@ async def runs(
     try:
         rows = await list_runs(client, status=status, agent=agent, roots=roots, limit=limit)
     except RPCError as exc:
+        from relaykit.search_attributes import operator_create_args
+
+        register = " ".join(["temporal", *operator_create_args(client.namespace)])
         raise RelaykitError(
             f"Temporal: {exc.message}",
-            hint="relaykit's search attributes must be registered on the namespace "
-            "(see relaykit/search_attributes.py)",
+            hint=f"relaykit's search attributes must be registered on the namespace: `{register}`",
         ) from None
     wedged = await find_stuck(client, [row.id for row in rows if row.status in LIVE_STATES])
     for row in rows:
@@ -1001,12 +1118,14 @@ async def deployment_status(
 @app.command("codec-server")
 @command
 async def codec_server(
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 8081,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port)")
+    ] = 8081,
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
     origin: Annotated[
         list[str] | None,
         typer.Option(help="Browser origin allowed to call it (repeatable; default: the Temporal "
-                     "UI on localhost:8233/8080 and RELAYKIT_UI_URL)"),
+                     "UI on 127.0.0.1/localhost:8233 and :8080 and RELAYKIT_UI_URL)"),
     ] = None,
 ) -> None:
     """Serve the codec RELAYKIT_CODEC names over Temporal's remote codec protocol, so the
@@ -1047,6 +1166,14 @@ async def codec_server(
         f"[dim]temporal workflow show --codec-endpoint {url} …; Temporal UI: codec endpoint "
         f"{url}[/dim]", highlight=False,
     )
+    import logging
+
+    from relaykit import codec as codec_module
+
+    refusals = logging.StreamHandler(sys.stderr)  # uvicorn configures only its own loggers
+    refusals.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    codec_module.logger.addHandler(refusals)
+    codec_module.logger.setLevel(logging.INFO)
     server = uvicorn.Server(uvicorn.Config(app_, log_level="warning", lifespan="off"))
     await server.serve(sockets=[sock])
 
@@ -1066,11 +1193,11 @@ async def gc(
     """Delete stored transcripts and payloads of runs that closed longer ago than the retention."""
     from relaykit.storage import Store, collect_garbage, parse_duration
 
+    kept_for = parse_duration(retention) if retention else None  # bad input before connecting
     target = Store(store)
+    target.check()
     client = await _client(address, namespace)
-    report = await collect_garbage(
-        target, client, retention=parse_duration(retention) if retention else None, dry_run=dry_run
-    )
+    report = await collect_garbage(target, client, retention=kept_for, dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     for run_id, count in sorted(report.deleted.items()):
         print(f"{verb} {run_id}: {count} objects")

@@ -91,6 +91,11 @@ async def connect(
             f"cannot reach the Temporal server at {config['target_host']}: {exc}",
             hint="start one with `relaykit dev`, or set TEMPORAL_ADDRESS",
         ) from None
+    except ValueError as exc:  # e.g. "invalid target URL" for an address that is no host:port
+        raise RelaykitError(
+            f"not a Temporal address: {config['target_host']!r} ({exc})",
+            hint="give host:port, e.g. localhost:7233",
+        ) from None
 
 
 class RunHandle:

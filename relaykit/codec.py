@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import importlib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
@@ -34,6 +35,8 @@ from temporalio.converter import (
 )
 
 from relaykit.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 CODEC_ENV = "RELAYKIT_CODEC"
 """``module:attr`` of the payload codec every relaykit process uses."""
@@ -158,7 +161,9 @@ def _payloads_to_json(payloads: Sequence[Payload]) -> str:
     return json_format.MessageToJson(Payloads(payloads=payloads))
 
 
-DEFAULT_UI_ORIGINS = ("http://localhost:8233", "http://127.0.0.1:8233", "http://localhost:8080")
+DEFAULT_UI_ORIGINS = (
+    "http://127.0.0.1:8233", "http://localhost:8233", "http://127.0.0.1:8080", "http://localhost:8080",
+)
 
 
 def codec_app(
@@ -188,6 +193,13 @@ def codec_app(
         given = request.headers.get("authorization", "")
         if hmac.compare_digest(given.encode(), authorization.encode()):
             return None
+        # Who was refused and why, so a misconfigured UI or CLI can be told from an attack;
+        # never the header itself, which may be a near-miss of the real token.
+        client = request.client.host if request.client is not None else "unknown client"
+        why = "a different Authorization header" if given else "no Authorization header"
+        logger.warning(
+            "refused %s %s from %s (401): %s", request.method, request.url.path, client, why
+        )
         return JSONResponse({"error": "unauthorized"}, status_code=401)
 
     async def transform(request: Request, decode: bool) -> Response:

@@ -51,6 +51,9 @@ HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 7233
 UI_PORT_OFFSET: Final = 1000
 """The UI listens on the gRPC port + 1000 by default (8233), as ``start-dev`` itself does."""
+DEFAULT_UI_URL: Final = f"http://{HOST}:{DEFAULT_PORT + UI_PORT_OFFSET}"
+"""The dev server's UI as every command prints it: the address it binds, never ``localhost``
+(which may resolve to ``::1``, where nothing listens)."""
 DEFAULT_DATA_DIR: Final = ".relaykit"
 DB_FILENAME: Final = "temporal.db"
 DEFAULT_DYNAMIC_CONFIG: Final[Mapping[str, Any]] = {

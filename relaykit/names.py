@@ -1,9 +1,10 @@
 """Tool names that every provider accepts.
 
-Providers accept tool names matching ``^[a-zA-Z0-9_-]{1,64}$``. Agent names are free text (``账单专家``,
-``Billing Team``), so the names relaykit derives from them (``transfer_to_…``, ``ask_…``) are
-normalised here. Tool names are recorded in history and written into prompts, evals and approval
-rules, so every rule here is stable across processes and versions.
+Providers accept tool names matching ``^[a-zA-Z0-9_-]{1,64}$``. Agent names are free text
+(``账单专家``, ``Billing Team``), so the names relaykit derives from them
+(``transfer_to_…``, ``ask_…``) are normalised here. Tool names are recorded in history and
+written into prompts, evals and approval rules, so every rule here is stable across processes
+and versions.
 
 Two rules live here:
 

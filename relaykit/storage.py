@@ -274,7 +274,9 @@ class Store:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise ConfigurationError(
-                f"cannot open the store {self.location}: {exc}",
+                # obstore's messages run over many lines (a debug dump of its options).
+                f"cannot open the store {self.location}: "
+                + (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(" :{"),
                 hint="set RELAYKIT_STORE to file:///dir, s3://bucket/prefix, gs://… or az://…",
             ) from None
 
@@ -671,12 +673,18 @@ def parse_duration(text: str) -> timedelta:
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     try:
         if text and text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
-    except ValueError:
+            duration = timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        else:
+            duration = timedelta(seconds=float(text))
+    except (ValueError, OverflowError):
         raise ConfigurationError(
             f"not a duration: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
         ) from None
+    if duration < timedelta(0):  # a negative retention would delete every closed run's data
+        raise ConfigurationError(
+            f"a duration cannot be negative: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
+        )
+    return duration
 
 
 def retention_from_env() -> timedelta:
@@ -737,12 +745,16 @@ async def collect_garbage(
             if running_child:
                 report.kept[label] = f"child run {running_child[0].id} is running"
                 continue
-        if closed_at is None:  # unknown to Temporal: the last write is when it was last used
-            closed_at = max((o.last_modified async for o in store.list(run_prefix(scope))), default=None)
-            if closed_at is None:
+        forgotten = closed_at is None
+        if forgotten:  # unknown to Temporal: the last write is when it was last used
+            written = [o.last_modified async for o in store.list(run_prefix(scope))]
+            if not written:
                 continue
+            closed_at = max(written)
+        assert closed_at is not None
         if now - closed_at < retention:
-            report.kept[label] = f"closed {_ago(now - closed_at)} ago, retention {_ago(retention)}"
+            when = "unknown to Temporal, last written" if forgotten else "closed"
+            report.kept[label] = f"{when} {_ago(now - closed_at)} ago, retention {_ago(retention)}"
             continue
         if dry_run:
             report.deleted[label] = sum([1 async for _ in store.list(run_prefix(scope))])

@@ -387,6 +387,39 @@ async def test_codec_server_encodes_and_decodes_for_callers_with_the_right_autho
         assert undecodable.status_code == 422 and "not configured here" in undecodable.json()["error"]
 
 
+def test_codec_server_logs_each_refused_request_without_the_token() -> None:
+    # A UI or CLI with a wrong token sees only 401s; the server's operator needs to see them too,
+    # and its log must not become a place the token (or a caller's near-miss) leaks to.
+    port = free_port()
+    token = "Bearer s3cret-token-value"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relaykit.cli", "codec-server", "--port", str(port)],
+        cwd=ROOT, env=base_env(**CODEC_ENV, RELAYKIT_CODEC_AUTH=token),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("codec server on")
+        url = f"http://127.0.0.1:{port}"
+        body = payloads_json(Payload(metadata={"encoding": b"json/plain"}, data=b"1"))
+        assert httpx.post(f"{url}/decode", json=body, timeout=10).status_code == 401
+        near_miss = "Bearer s3cret-token-valuf"
+        wrong = httpx.post(f"{url}/encode", json=body, headers={"Authorization": near_miss}, timeout=10)
+        assert wrong.status_code == 401
+        ok = httpx.post(f"{url}/encode", json=body, headers={"Authorization": token}, timeout=10)
+        assert ok.status_code == 200
+    finally:
+        proc.terminate()
+        _, log = proc.communicate(timeout=10)
+    refused = [line for line in log.splitlines() if "refused" in line]
+    assert len(refused) == 2, log
+    assert refused[0].endswith("refused POST /decode from 127.0.0.1 (401): no Authorization header")
+    assert refused[1].endswith(
+        "refused POST /encode from 127.0.0.1 (401): a different Authorization header"
+    )
+    assert "s3cret" not in log
+
+
 # --- an encrypted deployment: server with a database file, worker process, commands --------------
 
 
@@ -557,6 +590,31 @@ async def test_commands_without_the_codec_fail_in_one_line_before_changing_the_r
         assert [p.call_id for p in await handle.pending_approvals()] == ["call_hold"]
         await handle.approve("call_hold")
         assert (await handle.result()).output == "paid"
+
+
+async def test_run_wait_with_another_key_than_the_workers_is_one_line_not_an_endless_wait(
+    deployment: Deployment,
+) -> None:
+    # The worker cannot decrypt the run's input, so its workflow task fails on every attempt and
+    # Temporal keeps the run open: `run --wait` reads that from the run, not waits forever.
+    run_id = f"enc-mismatch-{uuid.uuid4().hex[:6]}"
+    other = {**deployment.env, "RELAYKIT_CODEC_KEY": OTHER_KEY}
+    code, out, err = await relaykit_cmd(
+        "run", "payouts", f"Pay {NAME} 5 EUR", "-q", deployment.task_queue, "--id", run_id,
+        "--wait", env=other,
+    )
+    client = await deployment.client()
+    await client.get_workflow_handle(run_id).terminate()
+    assert (code, out) == (1, ""), err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith(f"run {run_id}")
+    assert lines[1:] == [
+        f"error: the worker on task queue {deployment.task_queue!r} cannot run {run_id}, and its "
+        "error is encoded as 'binary/encrypted' with a codec or key this command lacks: the "
+        "worker and this command use different codecs or keys (hint: give both the same "
+        f"RELAYKIT_CODEC and key; the worker keeps retrying; `relaykit terminate {run_id}` ends "
+        "the run)"
+    ]
 
 
 async def test_temporal_cli_shows_decoded_payloads_through_the_codec_server(

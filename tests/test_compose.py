@@ -261,3 +261,49 @@ def test_the_compose_worker_passes_the_model_settings_on(services: dict[str, Any
     for name in ("RELAYKIT_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
                  "ANTHROPIC_BASE_URL"):
         assert env.get(name) == f"${{{name}:-}}", name
+
+
+# --- building the image and reaching the services from the host ------------------------------
+
+REPO = COMPOSE_FILE.parent
+
+
+def test_the_build_context_leaves_the_virtualenv_git_caches_and_local_data_out() -> None:
+    # Without it `docker compose build` sends the whole .venv (hundreds of MB) to the daemon.
+    patterns = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".venv", ".git", ".relaykit", "**/__pycache__", ".pytest_cache"} <= patterns
+
+
+def test_the_worker_image_installs_the_codec_and_mcp_extras(services: dict[str, Any]) -> None:
+    dockerfile = services["worker"]["build"]["dockerfile_inline"]
+    installs = re.findall(r"^RUN pip install .*?(\S*/app\S*)\s*$", dockerfile, re.MULTILINE)
+    assert len(installs) == 1, dockerfile
+    extras = re.search(r"\[([^\]]*)\]", installs[0])
+    assert extras is not None, installs[0]
+    assert {"codec", "mcp"} <= {e.strip() for e in extras.group(1).split(",")}
+
+
+def test_the_readme_says_how_a_host_cli_reaches_the_compose_store_and_temporal(
+    services: dict[str, Any],
+) -> None:
+    # The README's exports, checked against what the worker service uses, with the compose
+    # network's host names replaced by the ports compose publishes on the host.
+    readme = (REPO / "README.md").read_text()
+    exported = dict(re.findall(r"(?:^export |(?<= ))(\w+)=(\S+)", "\n".join(
+        line for line in readme.splitlines() if line.startswith("export ")
+    ), re.MULTILINE))
+    worker = {k: interpolate(v, {}) for k, v in environment(services["worker"]).items()}
+    assert exported["TEMPORAL_ADDRESS"] == "127.0.0.1:7233"
+    assert 7233 in published_ports(services["temporal"])
+    assert exported["RELAYKIT_UI_URL"] == "http://127.0.0.1:8080"
+    assert 8080 in published_ports(services["temporal-ui"])
+    assert exported["RELAYKIT_STORE"] == worker["RELAYKIT_STORE"]
+    assert worker["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    assert exported["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert "127.0.0.1:9000:9000" in services["minio"]["ports"]
+    for name in ("AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert exported[name] == worker[name], name

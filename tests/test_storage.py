@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -324,6 +325,40 @@ async def test_gc_deletes_closed_runs_after_the_retention_and_keeps_running_ones
         assert (await slow.result()).output == "slow done"
     bad = await asyncio.to_thread(relaykit_cli, "gc", "--retention", "soon", env=env)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("error: not a duration")
+
+
+async def test_gc_deletes_the_stores_of_runs_temporal_forgot_by_their_last_write(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # Runs past the namespace's retention are unknown to Temporal: exactly what `gc` is for.
+    # Their folder's newest object says when they were last used.
+    store_dir = tmp_path / "store"
+    store = Store(store_dir)
+    old, recent = f"forgotten-old-{uuid.uuid4().hex[:6]}", f"forgotten-new-{uuid.uuid4().hex[:6]}"
+    for run_id in (old, recent):
+        await store.put(f"runs/{scope_for(run_id)}/transcripts/a", b"node")
+        await store.put(f"runs/{scope_for(run_id)}/payloads/b", b"payload")
+    ten_days_ago = time.time() - 10 * 86400
+    for path in (store_dir / "runs" / scope_for(old)).rglob("*"):
+        os.utime(path, (ten_days_ago, ten_days_ago))
+    env = {
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TEMPORAL_NAMESPACE": temporal_server.namespace,
+        "RELAYKIT_STORE": store_dir.as_uri(),
+    }
+    dry = await asyncio.to_thread(relaykit_cli, "gc", "--retention", "7d", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert f"would delete {old}: 2 objects" in dry.stdout
+    assert (store_dir / "runs" / scope_for(old)).is_dir()
+    done = await asyncio.to_thread(relaykit_cli, "gc", "--retention", "7d", env=env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert f"deleted {old}: 2 objects" in done.stdout
+    kept = next(line for line in done.stdout.splitlines() if line.startswith(f"kept {recent}: "))
+    assert kept.startswith(f"kept {recent}: unknown to Temporal, last written ")
+    assert kept.endswith(" ago, retention 7d")
+    assert done.stdout.strip().endswith("deleted 1 runs, kept 1")
+    assert not (store_dir / "runs" / scope_for(old)).exists()
+    assert (store_dir / "runs" / scope_for(recent)).is_dir()
 
 
 async def test_a_new_worker_reads_a_long_chain_in_parallel_rounds(tmp_path: Path) -> None:

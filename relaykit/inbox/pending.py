@@ -59,7 +59,9 @@ def waiting_runs_query() -> str:
 
 def ui_url(workflow_id: str, namespace: str) -> str:
     """The run's page in the Temporal UI (``RELAYKIT_UI_URL``, default the dev server's)."""
-    base = os.environ.get("RELAYKIT_UI_URL", "http://localhost:8233").rstrip("/")
+    from relaykit.devserver import DEFAULT_UI_URL
+
+    base = (os.environ.get("RELAYKIT_UI_URL") or DEFAULT_UI_URL).rstrip("/")
     return f"{base}/namespaces/{quote(namespace, safe='')}/workflows/{quote(workflow_id, safe='')}"
 
 

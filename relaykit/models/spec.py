@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, Message, OutputSpec, ToolSpec
@@ -95,7 +95,9 @@ def parse_model(model: str | ModelSpec) -> ModelSpec:
         return ModelSpec(provider=prefix, name=name)
     if prefix == "local":
         return ModelSpec(
-            provider="local", name=name, tool_calls="constrained",
+            provider="local",
+            name=name,
+            tool_calls="constrained",
             context_window=LOCAL_CONTEXT_WINDOW,
         )
     if prefix in _COMPATIBLE_SERVERS:

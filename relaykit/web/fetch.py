@@ -1,42 +1,5 @@
-"""Reading the web from a tool: ``fetch_url`` returns a page as readable text.
-
-The tool is an ordinary :func:`relaykit.tool` (its own activity type, named ``fetch_url``). It
-fetches one URL with httpx and turns what came back into text a model can read: HTML becomes
-the page title plus its headings, paragraphs and list items (scripts, styles and navigation
-dropped, whitespace collapsed); plain text, JSON and XML pass through; binaries are refused.
-
-Safety limits, all set with :func:`make_fetch_url`:
-
-- **No private-network targets.** The host is resolved first (``socket.getaddrinfo`` in a
-  thread) and the fetch is refused when any address is loopback, private, link-local, shared,
-  multicast, reserved or unspecified, so a model cannot be talked into reading a cloud metadata
-  endpoint or an intranet service. The connection then goes to the address that was checked
-  (the name still travels in ``Host`` and TLS SNI), so a second DNS answer cannot swap in
-  another target. Every redirect hop is checked the same way. ``allow_private=True``, the
-  ``allowed_hosts`` list, or the worker's environment (``RELAYKIT_FETCH_ALLOW_PRIVATE=1``,
-  ``RELAYKIT_FETCH_ALLOWED_HOSTS=a.example,10.0.0.0/8``) lift the rule. The environment is
-  read when the tool runs, i.e. on the worker. Proxy variables (``HTTP_PROXY`` …) are ignored:
-  a proxy would resolve the name again, out of reach of the check.
-- **Size:** at most ``max_bytes`` of (decoded) body are read; the text is cut to ``max_chars``
-  with a marker saying so. Compressed bodies (gzip, deflate) are decompressed step by step up to
-  that limit, so a decompression bomb costs no more memory than an ordinary page.
-- **Time:** ``connect_timeout`` for each connection, and ``timeout`` for the whole fetch,
-  redirects included (a server that trickles bytes cannot hold the tool).
-- **Redirects:** at most ``max_redirects`` hops, each one checked.
-
-What the model sees, and what is retried:
-
-- A result it can act on (HTTP 404 and other client errors, a refused host, a timeout, a binary
-  file, a name that does not resolve, too many redirects) raises :class:`FetchError`, which
-  relaykit turns into an error tool result at once: retrying would give the same answer, and a
-  timeout retried three times only triples the wait. The model may try again or choose another
-  source.
-- A failure a retry may well fix (HTTP 408, 425, 429, 500, 502, 503, 504; a connection refused,
-  reset or dropped mid-response; a temporary DNS failure) raises a retryable
-  :class:`temporalio.exceptions.ApplicationError` of type ``FetchTransientError``, so Temporal
-  retries the activity with backoff (``Retry-After`` is honoured, up to a minute). After the
-  last attempt of the tool's retry policy (3 by default) the model gets an error result.
-"""
+"""Fetching one URL for ``fetch_url``: which addresses may be read, the HTTP exchange, and
+the bounded reading and decoding of the body (see :mod:`relaykit.web` for the rules)."""
 
 from __future__ import annotations
 
@@ -49,19 +12,17 @@ import re
 import socket
 import ssl
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
-from html.parser import HTMLParser
+from typing import Any
 
 import httpx
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 from relaykit.errors import ConfigurationError
-from relaykit.tools import Tool, tool
 
 DEFAULT_MAX_BYTES = 2_000_000
 DEFAULT_MAX_CHARS = 20_000
@@ -150,7 +111,10 @@ class _HostRules:
     def build(cls, config: FetchConfig, env: dict[str, str] | None = None) -> _HostRules:
         env = dict(os.environ) if env is None else env
         allow = config.allow_private or env.get(ENV_ALLOW_PRIVATE, "").strip().lower() in (
-            "1", "true", "yes", "on",
+            "1",
+            "true",
+            "yes",
+            "on",
         )
         entries = list(config.allowed_hosts)
         entries += [e for e in env.get(ENV_ALLOWED_HOSTS, "").split(",") if e.strip()]
@@ -300,9 +264,12 @@ async def fetch_page(url: str, config: FetchConfig) -> FetchedPage:
     rules = _HostRules.build(config)
     timeout = httpx.Timeout(config.timeout, connect=min(config.connect_timeout, config.timeout))
     try:
-        async with asyncio.timeout(config.timeout), httpx.AsyncClient(
-            timeout=timeout, follow_redirects=False, trust_env=False, verify=config.verify
-        ) as client:
+        async with (
+            asyncio.timeout(config.timeout),
+            httpx.AsyncClient(
+                timeout=timeout, follow_redirects=False, trust_env=False, verify=config.verify
+            ) as client,
+        ):
             for _hop in range(config.max_redirects + 1):
                 addresses = await _checked_addresses(current, rules)
                 async with _open(client, current, addresses, config) as response:
@@ -443,7 +410,8 @@ def _check_status(response: httpx.Response, url: httpx.URL) -> None:
 
 
 def _content_type(response: httpx.Response) -> str:
-    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    header: str = response.headers.get("content-type", "")
+    return header.split(";", 1)[0].strip().lower()
 
 
 def _is_text_type(content_type: str) -> bool:
@@ -560,299 +528,3 @@ def _decode(raw: bytes, response: httpx.Response, content_type: str) -> str:
             continue
         return raw.decode(name, errors="replace")
     return raw.decode("utf-8", errors="replace")
-
-
-# --------------------------------------------------------------------------------------------
-# HTML to text
-# --------------------------------------------------------------------------------------------
-
-#: Elements whose content is never text a reader wants.
-SKIPPED_TAGS = frozenset(
-    {
-        "script", "style", "noscript", "template", "svg", "math", "nav", "iframe", "object",
-        "embed", "canvas", "select", "datalist", "head",
-    }
-)
-_VOID_TAGS = frozenset(
-    {
-        "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
-        "source", "track", "wbr",
-    }
-)
-_HEADINGS = {f"h{n}": n for n in range(1, 7)}
-_BLOCK_TAGS = frozenset(
-    {
-        "p", "div", "section", "article", "main", "header", "footer", "aside", "blockquote",
-        "figure", "figcaption", "table", "tr", "ul", "ol", "dl", "dt", "dd", "form", "fieldset",
-        "address", "details", "summary", "body", "html", "hr", "caption",
-    }
-)
-_CELL_TAGS = frozenset({"td", "th"})
-_SPACE = re.compile(r"\s+")
-_BREAK = "\x00"  # a <br> inside a block, until the block is flushed
-
-
-class _ReadableText(HTMLParser):
-    """Collects a page's title and its text blocks (headings, paragraphs, list items)."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.title: str | None = None
-        self.blocks: list[tuple[bool, str]] = []
-        """(is a list item, text) per block."""
-        self._skip: list[str] = []
-        self._in_title = False
-        self._title_parts: list[str] = []
-        self._inline: list[str] = []
-        self._prefix = ""
-        self._pre = 0
-
-    # block handling
-
-    def _flush(self) -> None:
-        if self._pre:
-            text = "".join(self._inline).strip("\n")
-            text = "\n".join(line.rstrip() for line in text.splitlines())
-        else:
-            text = _SPACE.sub(" ", "".join(self._inline))
-            text = "\n".join(line.strip() for line in text.split(_BREAK) if line.strip())
-        if text:
-            self.blocks.append((self._prefix == "- ", self._prefix + text))
-        self._inline = []
-        self._prefix = ""
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "title" and self.title is None and self._skip in ([], ["head"]):
-            self._in_title = True
-            return
-        if tag == "body" and "head" in self._skip:
-            self._skip.clear()  # an unclosed <head> ends where the body starts
-        if self._skip:
-            if tag not in _VOID_TAGS:
-                self._skip.append(tag)
-            return
-        hidden = any(
-            (name == "hidden") or (name == "aria-hidden" and (value or "").lower() == "true")
-            for name, value in attrs
-        )
-        if tag in SKIPPED_TAGS or (hidden and tag not in _VOID_TAGS):
-            self._flush()
-            self._skip.append(tag)
-            return
-        if tag in _HEADINGS:
-            self._flush()
-            self._prefix = "#" * _HEADINGS[tag] + " "
-        elif tag == "li":
-            self._flush()
-            self._prefix = "- "
-        elif tag == "pre":
-            self._flush()
-            self._pre += 1
-        elif tag == "br":
-            self._inline.append("\n" if self._pre else _BREAK)
-        elif tag in _BLOCK_TAGS:
-            self._flush()
-        elif tag in _CELL_TAGS:
-            self._inline.append(" ")
-        elif tag == "img":
-            alt = dict(attrs).get("alt")
-            if alt and alt.strip():
-                self._inline.append(f" [{alt.strip()}] ")
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.handle_starttag(tag, attrs)
-        if tag not in _VOID_TAGS:
-            self.handle_endtag(tag)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "title" and self._in_title:
-            self._in_title = False
-            title = _SPACE.sub(" ", "".join(self._title_parts)).strip()
-            self.title = title or None
-            return
-        if self._skip:
-            if tag in self._skip:
-                while self._skip and self._skip.pop() != tag:
-                    pass
-            return
-        if tag in _HEADINGS or tag == "li" or tag in _BLOCK_TAGS:
-            self._flush()
-        elif tag == "pre" and self._pre:
-            self._flush()
-            self._pre -= 1
-
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self._title_parts.append(data)
-        elif not self._skip:
-            self._inline.append(data)
-
-    def close(self) -> None:
-        super().close()
-        self._flush()
-        if self._in_title:  # an unclosed <title>
-            self.handle_endtag("title")
-
-
-def html_to_text(html: str) -> tuple[str | None, str]:
-    """``(title, text)`` of an HTML document: headings (as ``#`` lines), paragraphs and list
-    items (``- ``) one per block, without scripts, styles, navigation or hidden elements."""
-    parser = _ReadableText()
-    try:
-        parser.feed(html)
-        parser.close()
-    except AssertionError:  # very broken markup: keep what was parsed
-        parser._flush()
-    parts: list[str] = []
-    previous_item = False
-    for is_item, block in parser.blocks:
-        if parts:
-            parts.append("\n" if is_item and previous_item else "\n\n")  # lists stay together
-        parts.append(block)
-        previous_item = is_item
-    return parser.title, "".join(parts)
-
-
-def _normalise_text(text: str) -> str:
-    lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
-
-
-def render_page(page: FetchedPage, max_chars: int) -> str:
-    """The text the model reads: a short header (URL, title) and the readable content."""
-    sniffed_html = page.body.lstrip()[:15].lower().startswith(("<!doctype html", "<html"))
-    if page.content_type in HTML_TYPES or (not page.content_type and sniffed_html):
-        title, text = html_to_text(page.body)
-    else:
-        title, text = None, _normalise_text(page.body)
-    header = [f"URL: {page.url}"]
-    if page.url != page.requested_url:
-        header[0] += f" (redirected from {page.requested_url})"
-    if title:
-        header.append(f"Title: {title}")
-    if page.content_type and page.content_type not in HTML_TYPES:
-        header.append(f"Content-Type: {page.content_type}")
-    notes = []
-    if page.truncated_bytes:
-        notes.append(
-            f"[… page truncated by fetch_url: only its first {page.max_bytes:,} bytes were read]"
-        )
-    body = text or "(no readable text on this page)"
-    result = "\n".join(header) + "\n\n" + body
-    if len(result) > max_chars:
-        dropped = len(result) - max_chars
-        result = result[:max_chars] + (
-            f"\n\n[… truncated by fetch_url: {dropped:,} more characters not shown]"
-        )
-    elif notes:
-        result += "\n\n" + "\n".join(notes)
-    return result
-
-
-# --------------------------------------------------------------------------------------------
-# The tool
-# --------------------------------------------------------------------------------------------
-
-
-def make_fetch_url(
-    *,
-    allow_private: bool = False,
-    allowed_hosts: Sequence[str] = (),
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_chars: int = DEFAULT_MAX_CHARS,
-    timeout: float = DEFAULT_TIMEOUT,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    max_redirects: int = DEFAULT_MAX_REDIRECTS,
-    heartbeat_timeout: float | None = None,
-    retry: RetryPolicy | None = DEFAULT_FETCH_RETRY,
-    task_queue: str | None = None,
-    user_agent: str = DEFAULT_USER_AGENT,
-    verify: bool | ssl.SSLContext = True,
-    name: str = "fetch_url",
-) -> Tool:
-    """A ``fetch_url`` tool with its own limits.
-
-    Args:
-        allow_private: Also fetch loopback, private, link-local and reserved addresses.
-        allowed_hosts: Hosts fetched even when they resolve to such addresses: names
-            (``"wiki.internal"``; ``".internal"`` for every subdomain) or IP addresses and
-            networks (``"10.1.2.3"``, ``"10.0.0.0/8"``). Public hosts are always allowed.
-        max_bytes: Stop reading a body after this many (decoded) bytes.
-        max_chars: Cut the text the model reads to this many characters (with a marker).
-        timeout: Seconds for the whole fetch, redirects included.
-        connect_timeout: Seconds to open each connection.
-        max_redirects: Redirect hops followed (each is checked like the first URL).
-        heartbeat_timeout: How long a fetch may go without a heartbeat before it is retried
-            elsewhere (the tool heartbeats on its own while it runs; ``None`` is the tools'
-            default, :data:`relaykit.tools.DEFAULT_TOOL_HEARTBEAT_TIMEOUT`).
-        retry: Temporal retry policy for transient failures (HTTP 429/5xx, dropped connections).
-        task_queue: Run fetches on workers of another task queue (e.g. machines with egress).
-        user_agent: The ``User-Agent`` header sent.
-        verify: TLS certificate verification: ``True`` (the default CA bundle), an
-            ``ssl.SSLContext`` (e.g. trusting a private CA), or ``False`` (not recommended).
-        name: The tool's name (and activity type); tool names are unique in an agent graph,
-            so two differently configured fetch tools need two names.
-    """
-    if max_bytes < 1 or max_chars < 1 or timeout <= 0 or connect_timeout <= 0:
-        raise ConfigurationError("make_fetch_url: limits and timeouts must be positive")
-    if max_redirects < 0:
-        raise ConfigurationError("make_fetch_url: max_redirects must be 0 or more")
-    config = FetchConfig(
-        allow_private=allow_private,
-        allowed_hosts=tuple(allowed_hosts),
-        max_bytes=max_bytes,
-        max_chars=max_chars,
-        timeout=timeout,
-        connect_timeout=connect_timeout,
-        max_redirects=max_redirects,
-        user_agent=user_agent,
-        verify=verify,
-    )
-    _HostRules.build(config, env={})  # reject malformed allowed_hosts entries now
-
-    async def fetch_url(url: str) -> str:
-        """Fetch a web page (or a plain-text or JSON document) and return its readable text:
-        the final URL, the page title, then headings, paragraphs and list items. Binary files
-        (images, PDFs, archives) are refused. Cite the URL shown in the result.
-
-        Args:
-            url: The absolute http:// or https:// URL to read.
-        """
-        page = await fetch_page(url, config)
-        return render_page(page, config.max_chars)
-
-    built: Tool = tool(
-        fetch_url,
-        name=name,
-        timeout=timeout + 30,
-        heartbeat_timeout=heartbeat_timeout,
-        retry=retry,
-        task_queue=task_queue,
-        max_output_chars=max_chars + 200,  # room for the truncation marker
-        effect="read",  # a GET: fetching a page again changes nothing
-    )
-    built.extra["fetch_config"] = config
-    return built
-
-
-fetch_url = make_fetch_url()
-"""The default ``fetch_url``: public web only (unless the worker's environment allows more),
-2 MB per body, 20,000 characters of text, 30 s per fetch, 5 redirects."""
-
-
-__all__ = [
-    "DEFAULT_FETCH_RETRY",
-    "ENV_ALLOWED_HOSTS",
-    "ENV_ALLOW_PRIVATE",
-    "TRANSIENT_ERROR_TYPE",
-    "FetchConfig",
-    "FetchError",
-    "FetchRefused",
-    "FetchedPage",
-    "fetch_page",
-    "fetch_url",
-    "html_to_text",
-    "is_public_address",
-    "make_fetch_url",
-    "render_page",
-]
