@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from relaykit.context_policy import ContextPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.mcp import MCPServer
-from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.messages import ToolSpec
+from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.names import agent_tool_name, disambiguated, is_valid_tool_name, tool_name_for
 from relaykit.runs import Budget
 from relaykit.tool_args import AgentToolArgs, HandoffArgs, HandoffCallbackInput, InputFilter
@@ -45,7 +45,8 @@ class RunContext(BaseModel):
 Instructions = str | Callable[[RunContext], str]
 
 ApprovalOrder = Literal["request_order", "parallel"]
-"""How a turn's calls are ordered around a call that waits for approval (``Agent.approval_order``)."""
+"""How a turn's calls are ordered around a call that waits for approval
+(``Agent.approval_order``)."""
 
 
 @dataclass(eq=False)
@@ -102,7 +103,8 @@ class Agent:
         servers = [entry for entry in self.tools if isinstance(entry, MCPServer)]
         if servers:
             self.tools = [entry for entry in self.tools if not isinstance(entry, MCPServer)]
-            self.mcp_servers = [*self.mcp_servers, *(s for s in servers if s not in self.mcp_servers)]
+            known = self.mcp_servers
+            self.mcp_servers = [*known, *(s for s in servers if s not in known)]
         if self.approval_order not in ("request_order", "parallel"):
             raise ConfigurationError(
                 f"agent {self.name!r}: approval_order must be 'request_order' or 'parallel', "
@@ -150,7 +152,7 @@ class Agent:
             for t in self.tools
         ]
         renamed: list[Agent | Handoff] = []
-        for entry, handoff in zip(self.handoffs, handoffs):
+        for entry, handoff in zip(self.handoffs, handoffs, strict=True):
             if handoff.default_name and taken[handoff.tool_name] > 1:
                 copy = Handoff(
                     target=handoff.target,

@@ -50,9 +50,7 @@ __all__ = [
     "HandoffInputData",
     "InputFilter",
     "as_handoff",
-    "find_tool",
     "for_context_rewrite",
-    "handoffs_by_name",
     "own_tool_names",
     "own_tool_specs",
     "parse_handoff_args",
@@ -92,15 +90,18 @@ def parse_handoff_args(raw: str, *, lenient: bool = True) -> tuple[HandoffArgs |
 # A run uses lovia's names or, when it started before them, the earlier ones (``lovia_names``,
 # recorded once per run in ``RunSetup.lovia_tool_names``). A run on lovia's names still resolves
 # a call by the earlier name (a transcript recorded before may hold it); a run on the earlier
-# names resolves only those, as it did when it was recorded.
+# names resolves only those, as it did when it was recorded. Which tool a call's name means is
+# decided in one place, the tool path's table (``relaykit.workflows.tool_path.ToolPath``).
 
 
 def own_tool_specs(agent: Agent, lovia_names: bool) -> list[ToolSpec]:
     """The agent's function tools, agent tools and handoffs, as the model sees them."""
-    specs = [
-        entry.spec_named(entry.run_name(lovia_names)) if isinstance(entry, AgentTool) else entry.spec
-        for entry in agent.tools
-    ]
+    specs: list[ToolSpec] = []
+    for entry in agent.tools:  # MCP servers were moved to mcp_servers when the agent was made
+        if isinstance(entry, AgentTool):
+            specs.append(entry.spec_named(entry.run_name(lovia_names)))
+        elif isinstance(entry, Tool):
+            specs.append(entry.spec)
     specs.extend(
         handoff.spec_named(handoff.run_name(lovia_names))
         for handoff in map(as_handoff, agent.handoffs)
@@ -111,29 +112,6 @@ def own_tool_specs(agent: Agent, lovia_names: bool) -> list[ToolSpec]:
 def own_tool_names(agent: Agent, lovia_names: bool) -> set[str]:
     """The names of :func:`own_tool_specs` (other tool sources avoid them)."""
     return {spec.name for spec in own_tool_specs(agent, lovia_names)}
-
-
-def handoffs_by_name(agent: Agent, lovia_names: bool) -> dict[str, Handoff]:
-    """The agent's handoffs by the names a call may use in this run."""
-    handoffs = [as_handoff(entry) for entry in agent.handoffs]
-    found = {h.run_name(lovia_names): h for h in handoffs}
-    if lovia_names:
-        for h in handoffs:
-            found.setdefault(h.legacy_name, h)
-    return found
-
-
-def find_tool(agent: Agent, name: str, lovia_names: bool) -> Tool | AgentTool | None:
-    """The function tool or agent tool a call by ``name`` means in this run."""
-    for entry in agent.tools:
-        own = entry.run_name(lovia_names) if isinstance(entry, AgentTool) else entry.name
-        if own == name:
-            return entry
-    if lovia_names:
-        for entry in agent.tools:
-            if isinstance(entry, AgentTool) and entry.legacy_name == name:
-                return entry
-    return None
 
 
 # --- Ready-made input filters -------------------------------------------------------------------
