@@ -1252,7 +1252,7 @@ def demo(
 ) -> None:
     """Run the quick-start demo: embedded server, two worker processes and one multi-step run
     whose first worker is killed mid-run."""
-    from relaykit.dev import run_demo
+    from relaykit.demo import run_demo
 
     try:
         asyncio.run(run_demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay, model=model))

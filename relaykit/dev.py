@@ -300,12 +300,3 @@ async def run_worker(
                 "`relaykit deployment set-current` sends new runs here)"
             )
         await served.run_until_signalled(on_signal)
-
-
-async def run_demo(
-    *, port: int, ui_port: int, data_dir: str, stay: bool | None, model: str | None = None
-) -> None:
-    """``relaykit demo``: see :mod:`relaykit.demo`."""
-    from relaykit.demo import run_demo as demo
-
-    await demo(port=port, ui_port=ui_port, data_dir=data_dir, stay=stay, model=model)
