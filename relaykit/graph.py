@@ -57,9 +57,7 @@ class AgentGraph:
     the continue-as-new command's options, which replay does not compare."""
 
     @classmethod
-    def build(
-        cls, roots: Iterable[Agent], *, default_model: ModelSpec | None = None
-    ) -> AgentGraph:
+    def build(cls, roots: Iterable[Agent], *, default_model: ModelSpec | None = None) -> AgentGraph:
         graph = cls(default_model=default_model)
         pending = list(roots)
         if not pending:

@@ -124,7 +124,9 @@ async def replay_check(
     if histories is not None:
         items: list[_History] = _file_histories(histories)[:limit]
     else:
-        items = [h async for h in _server_histories(client, query or default_query(task_queue), limit)]
+        items = [
+            h async for h in _server_histories(client, query or default_query(task_queue), limit)
+        ]
     queue = f"replay-{REPLAY_BUILD_ID}"
     registry.register(queue, graph)
     try:
@@ -139,7 +141,9 @@ async def _replay_one(
     history = item.history
     started = _started(history)
     if started is None:
-        return ReplayOutcome(history.workflow_id, item.run_id, "failed", "the history has no start event")
+        return ReplayOutcome(
+            history.workflow_id, item.run_id, "failed", "the history has no start event"
+        )
     agent = await _agent_of(client, started)
     if agent is not None and agent not in graph.agents:
         return ReplayOutcome(

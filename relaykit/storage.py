@@ -120,8 +120,10 @@ def check_hex(value: object, length: int) -> str:
 
     Digests arrive in activity inputs that anyone allowed to start a workflow can write, so a
     digest is checked before it becomes part of a key."""
-    if not isinstance(value, str) or len(value) != length or not all(
-        c in "0123456789abcdef" for c in value
+    if (
+        not isinstance(value, str)
+        or len(value) != length
+        or not all(c in "0123456789abcdef" for c in value)
     ):
         raise InvalidKey(f"not a {length}-digit hex digest: {str(value)[:40]!r}")
     return value
@@ -264,7 +266,8 @@ class Store:
             raise ConfigurationError(
                 f"unknown store option(s) {', '.join(sorted(unknown))} in {self.location}",
                 hint="credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*); the URL "
-                "takes " + ", ".join(sorted({*_URL_CONFIG.get(parts.scheme, ()), *_CLIENT_OPTIONS})),
+                "takes "
+                + ", ".join(sorted({*_URL_CONFIG.get(parts.scheme, ()), *_CLIENT_OPTIONS})),
             )
         try:
             if parts.scheme == "memory":
@@ -318,9 +321,7 @@ class Store:
                 data = await self._put_blobs(folder, parts, encode=encode)
         await self._put_object(key, data, encode=encode)
 
-    async def _put_blobs(
-        self, folder: str, parts: list[bytes | Blob], *, encode: bool
-    ) -> bytes:
+    async def _put_blobs(self, folder: str, parts: list[bytes | Blob], *, encode: bool) -> bytes:
         """Store the blobs of ``parts`` (each once) and return the manifest that stands for them."""
         header: list[list[int | str]] = []
         inline: list[bytes] = []
@@ -737,7 +738,9 @@ async def collect_garbage(
                 if closed_at is None:
                     report.kept[label] = "running"
                     continue
-            query = f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
+            query = (
+                f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
+            )
             try:
                 running_child = [w async for w in client.list_workflows(query, limit=1)]
             except RPCError:

@@ -307,7 +307,9 @@ class _Beats:
     progress a tool reported, so every automatic beat repeats the last progress (from this
     attempt, else from the previous one)."""
 
-    def __init__(self, interval: float | None, progress: tuple[Any, ...], guard: Any = None) -> None:
+    def __init__(
+        self, interval: float | None, progress: tuple[Any, ...], guard: Any = None
+    ) -> None:
         self.interval = interval
         self.progress = progress
         self.guard = guard

@@ -200,7 +200,8 @@ class Worker:
         executor = self._tool_executor
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
         activities.extend(
-            tool_activity(t, executor, self.max_tool_result_bytes) for t in self.graph.tools.values()
+            tool_activity(t, executor, self.max_tool_result_bytes)
+            for t in self.graph.tools.values()
         )
         activities.extend(
             handoff_activity(h, executor, name=name)

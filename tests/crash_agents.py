@@ -190,7 +190,14 @@ crash_agent = Agent(
         timeout_seconds=30,
     ),
     tools=[
-        quick, slow_step, refund, steady, until_released, slow_put, slow_charge,
-        slow_charge_asked, flaky_write,
+        quick,
+        slow_step,
+        refund,
+        steady,
+        until_released,
+        slow_put,
+        slow_charge,
+        slow_charge_asked,
+        flaky_write,
     ],
 )

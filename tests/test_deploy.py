@@ -33,7 +33,8 @@ def stop(proc) -> None:  # noqa: ANN001
 
 
 async def test_a_continued_run_with_subagents_survives_a_deploy_that_edits_instructions_and_a_tool_schema(  # noqa: E501
-    client: Client, rig: CrashRig  # noqa: F811
+    client: Client,
+    rig: CrashRig,  # noqa: F811
 ) -> None:
     # v1 stores the request's unchanging part (system prompt, tool and subagent schemas) and the
     # transcript's start in the store, then continues as new. v2 computes another digest for its

@@ -15,7 +15,9 @@ from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedReques
 from tests.support import scripted_model, serving
 
 
-def openai_request(index: int, tools: list[str], messages: list[dict[str, object]]) -> ScriptedRequest:
+def openai_request(
+    index: int, tools: list[str], messages: list[dict[str, object]]
+) -> ScriptedRequest:
     body = {
         "model": "m",
         "messages": messages,
@@ -31,9 +33,18 @@ def test_research_lead_asks_the_editor_even_when_researchers_asked_the_server_fi
 
     spawned = [
         {"role": "user", "content": "Compare Temporal and Celery"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"c{i}", "type": "function",
-             "function": {"name": "spawn_subagent", "arguments": "{}"}} for i in (1, 2)]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": f"c{i}",
+                    "type": "function",
+                    "function": {"name": "spawn_subagent", "arguments": "{}"},
+                }
+                for i in (1, 2)
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "started task-1"},
         {"role": "tool", "tool_call_id": "c2", "content": "started task-2"},
     ]
@@ -60,7 +71,9 @@ async def test_approvals_stand_in_asks_for_a_refund_and_reports_the_persons_deci
     model_server.respond(model.name, scripted_refunds)
     async with serving(client, refund_agent, default_model=model) as worker:
         handle = await start_run(
-            client, refund_agent, "Refund order A-1001, the jacket leaks",
+            client,
+            refund_agent,
+            "Refund order A-1001, the jacket leaks",
             task_queue=worker.task_queue,
         )
         pending = []
@@ -83,8 +96,9 @@ async def test_approvals_stand_in_asks_for_a_refund_and_reports_the_persons_deci
 def test_approvals_stand_in_asks_for_the_order_when_none_is_named() -> None:
     from examples.approvals import scripted_refunds
 
-    step = scripted_refunds(openai_request(0, ["look_up_order"], [
-        {"role": "user", "content": "I want my money back"}]))
+    step = scripted_refunds(
+        openai_request(0, ["look_up_order"], [{"role": "user", "content": "I want my money back"}])
+    )
     assert not step.calls and "Which order" in step.text
 
 
@@ -105,7 +119,8 @@ def test_quickstart_first_install_shows_pip_progress_and_later_refreshes_are_qui
 
     monkeypatch.setattr(quickstart.venv, "create", create)
     monkeypatch.setattr(
-        quickstart, "_pip",
+        quickstart,
+        "_pip",
         lambda *args, quiet=False: installs.append(quickstart.pip_command(*args, quiet=quiet)),
     )
     quickstart.ensure_venv()

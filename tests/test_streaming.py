@@ -65,7 +65,10 @@ async def test_deltas_arrive_in_order_and_add_up_to_each_final_message(
         result = await handle.result()
     assert texts_by_message(items) == [
         ("Let me look that up first.", "Let me look that up first."),
-        ("Child answer, written in many small pieces.", "Child answer, written in many small pieces."),
+        (
+            "Child answer, written in many small pieces.",
+            "Child answer, written in many small pieces.",
+        ),
         (result.output, result.output),
     ]
     child_deltas = [i for i in items if i.is_delta and i.workflow_id != handle.id]
@@ -106,7 +109,13 @@ class PacedModel:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
 
-                send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+                send(
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                )
                 for piece in owner.pieces:
                     if not owner.go.acquire(timeout=20):
                         return

@@ -207,9 +207,7 @@ async def test_html_becomes_title_headings_paragraphs_and_list_items(pages: Page
 
 
 def test_html_to_text_survives_sloppy_markup() -> None:
-    title, body = html_to_text(
-        "<html><head><title>T</title><body><p>one<br>two<p>three<nav>menu"
-    )
+    title, body = html_to_text("<html><head><title>T</title><body><p>one<br>two<p>three<nav>menu")
     assert title == "T"
     assert body == "one\ntwo\n\nthree"
 
@@ -327,13 +325,17 @@ async def test_compressed_pages_are_read_and_cut_at_the_decoded_limit(pages: Pag
     pages.routes.update(
         {
             "/gz.txt": page("text/plain", gzip.compress(text.encode()), content_encoding="gzip"),
-            "/zlib.txt": page("text/plain", zlib.compress(text.encode()), content_encoding="deflate"),
+            "/zlib.txt": page(
+                "text/plain", zlib.compress(text.encode()), content_encoding="deflate"
+            ),
             "/raw.txt": page(
                 "text/plain",
                 raw_deflate.compress(text.encode()) + raw_deflate.flush(),
                 content_encoding="deflate",
             ),
-            "/corrupt.txt": page("text/plain", b"\x1f\x8b\x08garbage" * 10, content_encoding="gzip"),
+            "/corrupt.txt": page(
+                "text/plain", b"\x1f\x8b\x08garbage" * 10, content_encoding="gzip"
+            ),
             "/brotli.txt": page("text/plain", b"whatever", content_encoding="br"),
         }
     )

@@ -24,7 +24,14 @@ from temporalio.exceptions import ApplicationError
 
 from relaykit.activities.attempts import AttemptGuard
 from relaykit.handoff import Handoff, HandoffArgs, HandoffCallbackInput
-from relaykit.tools import MAX_TOOL_ERROR_BYTES, MAX_TOOL_RESULT_BYTES, Tool, ToolInvocation, ToolOutcome, cut_to_bytes
+from relaykit.tools import (
+    MAX_TOOL_ERROR_BYTES,
+    MAX_TOOL_RESULT_BYTES,
+    Tool,
+    ToolInvocation,
+    ToolOutcome,
+    cut_to_bytes,
+)
 
 
 def tool_activity(
@@ -82,7 +89,8 @@ def bounded_application_error(exc: ApplicationError) -> ApplicationError:
     if cause is not None:
         message = cut_to_bytes(
             f"{message} (caused by {type(cause).__name__}: "
-            + error_text("", cause)[:MAX_TOOL_ERROR_BYTES // 8] + ")",
+            + error_text("", cause)[: MAX_TOOL_ERROR_BYTES // 8]
+            + ")",
             MAX_TOOL_ERROR_BYTES,
         )
     if message == exc.message and details is exc.details and cause is None:

@@ -52,7 +52,9 @@ def parse_key(value: str | bytes, *, source: str = KEY_ENV) -> bytes:
             key = None
     if key is None:
         try:
-            key = base64.b64decode(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True)
+            key = base64.b64decode(
+                text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True
+            )
         except (binascii.Error, ValueError):
             key = None
     if key is None or len(key) != 32:

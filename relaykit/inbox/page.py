@@ -123,8 +123,7 @@ def render_inbox(
         else ""
     )
     unreadable = "".join(
-        f"<li>{escape(run.run_id)}: {escape(run.why)}</li>"
-        for run in listing.unreadable
+        f"<li>{escape(run.run_id)}: {escape(run.why)}</li>" for run in listing.unreadable
     )
     unreadable_html = (
         f'<div class="warn">Runs waiting whose approvals could not be read:<ul>{unreadable}</ul></div>'

@@ -166,11 +166,13 @@ async def list_pending(
         queues[execution.id] = execution.task_queue
     listing = InboxListing(runs=len(queues))
     # A query to a run nobody serves would only time out: ask each task queue once instead.
-    served = dict(zip(
-        distinct := sorted(set(queues.values())),
-        await asyncio.gather(*(_served(client, queue) for queue in distinct)),
-        strict=True,
-    ))
+    served = dict(
+        zip(
+            distinct := sorted(set(queues.values())),
+            await asyncio.gather(*(_served(client, queue) for queue in distinct)),
+            strict=True,
+        )
+    )
     run_ids = []
     for run_id, queue in queues.items():
         if served[queue]:
