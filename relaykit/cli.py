@@ -454,7 +454,6 @@ async def worker(
     (up to --graceful-shutdown seconds) and exits, so a rolling restart stalls no run."""
     from relaykit.dev import run_worker
     from relaykit.loading import load_agents
-
     from relaykit.versioning import deployment_config
 
     for one in target:  # a bad module fails before anything connects
@@ -736,7 +735,7 @@ async def run(
         return
     try:  # surface immediate failures (an agent the worker does not serve) as an error
         await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     if as_json:
         print(json.dumps({"run_id": handle.id, "ui_url": ui_url(handle.id, client.namespace)}))

@@ -58,7 +58,6 @@ _READY = "relaykit-demo-worker ready"
 
 async def _serve_demo_agent(task_queue: str, spec: ModelSpec) -> None:
     from examples.demo import travel_assistant
-
     from relaykit.client import connect
     from relaykit.worker import Worker
 
@@ -318,10 +317,9 @@ async def run_demo(
     """Serve examples/demo.py on worker processes, run it once, kill worker 1 mid-run, finish on
     worker 2, and print the answer, the story and the run's UI link."""
     from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
-
     from relaykit.client import connect, start_run
-    from relaykit.workflows.loop import MODEL_ACTIVITY
     from relaykit.dev import SCRIPTED_MODEL_NAME, console, start_server, stop_on_sigterm
+    from relaykit.workflows.loop import MODEL_ACTIVITY
 
     choice = demo_model_choice(model)
     console.print(f"model: [bold]{choice.label}[/bold]")
@@ -352,7 +350,7 @@ async def run_demo(
                     w.process.terminate()
                     try:
                         await asyncio.wait_for(w.process.wait(), timeout=15)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         w.process.kill()
                         await w.process.wait()
 

@@ -16,21 +16,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from contextlib import AsyncExitStack
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from temporalio.client import Client
 
+from relaykit.agent import Agent
 from relaykit.client import connect
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
-from relaykit.agent import Agent
 from relaykit.loading import load_agents
-from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
 from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
 from relaykit.worker import Worker
 
 console = Console(stderr=True, soft_wrap=True)

@@ -329,10 +329,10 @@ class MCPToolEntry:
 
 
 __all__ = [
-    "MCPServer",
-    "MCPToolInfo",
-    "MCPListing",
     "MCPCallRequest",
     "MCPListRequest",
+    "MCPListing",
+    "MCPServer",
     "MCPToolEntry",
+    "MCPToolInfo",
 ]

@@ -59,7 +59,7 @@ import re
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -273,7 +273,7 @@ class Store:
             if parts.scheme == "memory":
                 return from_url("memory:///")
             return from_url(base, config=config or None, client_options=client_options or None)
-        except BaseException as exc:  # noqa: BLE001 - obstore raises (and panics) its own types
+        except BaseException as exc:  # obstore raises (and panics) its own types
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise ConfigurationError(
@@ -720,7 +720,7 @@ async def collect_garbage(
     from temporalio.service import RPCError, RPCStatusCode
 
     retention = retention_from_env() if retention is None else retention
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     report = GcReport()
     for scope in await store.folders(f"{RUNS_PREFIX}/"):
         run_id = run_id_of_scope(scope)

@@ -474,7 +474,7 @@ def _build_args_model(
     signature = inspect.signature(fn)
     try:
         hints = get_type_hints(fn, include_extras=True)  # keep Annotated[..., Field(...)] bounds
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ConfigurationError(
             f"cannot resolve the type hints of tool {name!r}: {exc}",
             hint="define the types the signature uses at module level",

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from temporalio import activity
 from temporalio.common import RetryPolicy
-
 from temporalio.exceptions import ApplicationError
 
 from relaykit import Agent, ModelSpec, ToolContext, tool

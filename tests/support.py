@@ -16,7 +16,6 @@ from temporalio.client import Client, WorkflowHandle
 from relaykit import Agent, ModelSpec, Worker
 from relaykit.testing.scripted_server import ScriptedModelServer
 
-
 _transcript_dir: list[str] = []
 
 

@@ -21,11 +21,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from relaykit import Agent, Handoff, RunHandle, start_run, tool
-from relaykit import registry
+from relaykit import Agent, Handoff, RunHandle, registry, start_run, tool
 from relaykit.graph import AgentGraph
-from relaykit.model_output import check_calls
 from relaykit.messages import Message, ToolCall
+from relaykit.model_output import check_calls
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun

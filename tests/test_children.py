@@ -285,7 +285,7 @@ async def test_detached_subagent_outlives_its_parent_and_delivers_its_report(
     arrived = threading.Event()
 
     class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
             self.send_response(204)
             self.end_headers()

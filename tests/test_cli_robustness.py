@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+
 from pydantic import BaseModel
 from temporalio.client import Client
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import httpx
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import (
     DataConverter,
@@ -30,14 +29,15 @@ from temporalio.converter import (
     DefaultFailureConverterWithEncodedAttributes,
     PayloadCodec,
 )
+from temporalio.exceptions import ApplicationError
 
 import relaykit
 from relaykit import Agent, ConfigurationError, start_run, tool
 from relaykit.codecs.aes import AesGcmCodec, key_id_of
 from relaykit.devserver import DevServer, find_temporal_cli
 from relaykit.messages import Message
-from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.storage import Store, scope_for
+from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from tests.support import scripted_model, serving
 

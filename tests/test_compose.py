@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 import boto3
+import pytest
 import yaml
 from moto.server import ThreadedMotoServer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from datetime import timedelta
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType

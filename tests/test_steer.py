@@ -16,8 +16,8 @@ from temporalio.client import Client
 
 from relaykit import Agent, start_run, tool
 from relaykit.devserver import DevServer
-from relaykit.watch import describe
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
+from relaykit.watch import describe
 from tests.support import history_events, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,7 +18,6 @@ from relaykit import Agent, RunFailed, Subagents, ToolContext, start_run, tool
 from relaykit.messages import Message
 from relaykit.runs import RunResult
 from relaykit.streaming import StreamEvent
-from relaykit.watch import describe
 from relaykit.testing.scripted_server import (
     ScriptedModelServer,
     ScriptedRequest,
@@ -27,6 +26,7 @@ from relaykit.testing.scripted_server import (
     call,
     text,
 )
+from relaykit.watch import describe
 from tests.support import history_events, scripted_model, serving
 
 

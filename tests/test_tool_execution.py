@@ -21,11 +21,11 @@ from temporalio.exceptions import ApplicationError
 from relaykit import Agent, ToolContext, start_run, tool
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.tools import (
-    ToolInvocation,
     DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
-    MAX_TOOL_ERROR_BYTES,
     MAX_OFFLOADED_TOOL_RESULT_BYTES,
+    MAX_TOOL_ERROR_BYTES,
     MAX_TOOL_RESULT_BYTES,
+    ToolInvocation,
 )
 from tests.support import history_events, scripted_model, serving
 

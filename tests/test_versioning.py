@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -86,7 +85,7 @@ def test_a_deployment_name_with_a_dot_is_one_clear_error(client: Client) -> None
         deployment_config("app", None)
 
 
-def test_the_worker_command_refuses_a_bad_deployment_in_one_line(rig: CrashRig) -> None:  # noqa: F811
+def test_the_worker_command_refuses_a_bad_deployment_in_one_line(rig: CrashRig) -> None:
     done = relaykit_cli(
         rig, "worker", "tests.crash_agents", "--deployment", "a.b", "--build-id", "1"
     )
@@ -97,7 +96,7 @@ def test_the_worker_command_refuses_a_bad_deployment_in_one_line(rig: CrashRig) 
 
 async def test_a_run_pinned_to_the_old_build_finishes_there_while_new_runs_start_on_the_new_one(
     client: Client,
-    rig: CrashRig,  # noqa: F811
+    rig: CrashRig,
 ) -> None:
     deployment = f"rk-{uuid.uuid4().hex[:8]}"
     server = rig.model_server
@@ -144,7 +143,7 @@ async def test_a_run_pinned_to_the_old_build_finishes_there_while_new_runs_start
 
 async def test_replay_check_flags_a_breaking_change_before_the_deploy_and_a_wedged_run_is_visible(
     client: Client,
-    rig: CrashRig,  # noqa: F811
+    rig: CrashRig,
 ) -> None:
     # v1 serves a run that called `lookup`, paused at a turn boundary. Before the deploy,
     # replay-check passes v2 (safe edits) and flags v3 (the tool renamed). Deployed anyway, v3
@@ -201,7 +200,7 @@ async def test_replay_check_flags_a_breaking_change_before_the_deploy_and_a_wedg
 
 def test_replay_check_replays_the_committed_histories_and_says_when_it_cannot_run(
     temporal_server: DevServer,
-    rig: CrashRig,  # noqa: F811
+    rig: CrashRig,
 ) -> None:
     ok = relaykit_cli(
         rig, "replay-check", "tests.histories.agents", "--histories", "tests/histories"

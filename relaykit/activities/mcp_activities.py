@@ -41,7 +41,6 @@ from typing import Any
 # Imported when the worker starts (this module is imported only for graphs with MCP servers):
 # importing the SDK takes seconds, which must not stall the event loop in the middle of a call.
 import httpx2
-import mcp
 import mcp.client.stdio
 import mcp.client.streamable_http
 import mcp_types
@@ -49,6 +48,7 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
+import mcp
 from relaykit import errors
 from relaykit.activities.attempts import AttemptGuard
 from relaykit.activities.mcp_launch import orphan_safe_command
@@ -191,7 +191,7 @@ class _Session:
         if task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_SECONDS)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+            except (TimeoutError, Exception):  # noqa: BLE001
                 task.cancel()
         self.failed = True
 
@@ -280,7 +280,7 @@ class MCPSessions:
             session = _Session(server)
             try:
                 await session.open(timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ApplicationError(
                     f"MCP server {server.name!r} did not start within {timeout:.0f}s",
                     type=MCP_SERVER_UNAVAILABLE,
@@ -334,7 +334,7 @@ class MCPSessions:
                     f"MCP server {server.name!r}: the connection closed during the request",
                     type=MCP_CONNECTION_LOST,
                 ) from None
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not _is_transport_error(exc):
                     raise
                 self.drop(server, session)

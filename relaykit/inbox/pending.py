@@ -265,7 +265,7 @@ async def decide(
         )
     try:
         pending = await asyncio.wait_for(run.pending_approvals(), timeout=QUERY_TIMEOUT)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise DecideError("unavailable", f"run {run_id!r} did not answer in time") from None
     waiting = {item.call_id: item for item in pending}
     if call_id not in waiting:
