@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -86,7 +86,10 @@ StickyOpt = Annotated[
     typer.Option(
         "--sticky-timeout",
         min=0.1,
-        help="Seconds a run's next step waits for the worker that has it cached before another may take it",
+        help=(
+            "Seconds a run's next step waits for the worker that has it cached "
+            "before another may take it"
+        ),
     ),
 ]
 GraceOpt = Annotated[
@@ -94,7 +97,10 @@ GraceOpt = Annotated[
     typer.Option(
         "--graceful-shutdown",
         min=0,
-        help="On SIGTERM/Ctrl-C, seconds calls in flight may take to finish before they are cancelled",
+        help=(
+            "On SIGTERM/Ctrl-C, seconds calls in flight may take to finish "
+            "before they are cancelled"
+        ),
     ),
 ]
 
@@ -400,7 +406,8 @@ def _print_result(result: Any, as_json: bool) -> None:
     _print_answer(result.output)
     err_console.print(
         f"[dim]agent {result.final_agent} · {result.turns} turns · {result.usage.requests} "
-        f"model calls · {result.usage.input_tokens} in / {result.usage.output_tokens} out tokens[/dim]"
+        f"model calls · {result.usage.input_tokens} in / "
+        f"{result.usage.output_tokens} out tokens[/dim]"
     )
 
 
@@ -475,7 +482,7 @@ async def worker(
     err_console.print("worker stopped")
 
 
-class IfExists(str, Enum):
+class IfExists(StrEnum):
     """What ``run --id R`` does when a run with id R exists."""
 
     attach = "attach"
@@ -934,7 +941,8 @@ async def events(
         else:
             path = "/".join(event.run_path)
             print(
-                f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} {json.dumps(event.data)[:120]}"
+                f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} "
+                f"{json.dumps(event.data)[:120]}"
             )
 
 

@@ -37,7 +37,8 @@ def clone_name(agent: Agent) -> str:
 @dataclass
 class AgentGraph:
     """Agents by name, function tools by name, handoffs by tool name (what the worker registers;
-    a handoff with ``on_handoff`` is there under its earlier name too, see ``Handoff.legacy_name``)."""
+    a handoff with ``on_handoff`` is there under its earlier name too, see
+    ``Handoff.legacy_name``)."""
 
     agents: dict[str, Agent] = field(default_factory=dict)
     tools: dict[str, Tool] = field(default_factory=dict)

@@ -231,7 +231,8 @@ class Store:
         return Store(self.url, codec=codec, offload_threshold=self.offload_threshold)
 
     def __repr__(self) -> str:
-        return f"Store({_redact(self.url)!r}, codec={type(self.codec).__name__ if self.codec else None})"
+        codec = type(self.codec).__name__ if self.codec else None
+        return f"Store({_redact(self.url)!r}, codec={codec})"
 
     @property
     def location(self) -> str:
@@ -397,7 +398,7 @@ class Store:
         blobs = await asyncio.gather(
             *(self._get_object(f"{folder}blobs/{check_hex(d, 64)}", decode=True) for d in digests)
         )
-        found = dict(zip(digests, blobs))
+        found = dict(zip(digests, blobs, strict=True))
         out: list[bytes] = []
         offset = 8 + size
         for entry in header:

@@ -543,7 +543,7 @@ async def test_relaykit_pending_and_approve_commands(
     assert code == 1 and err.strip().startswith("error: no run with id 'no-such-run'")
     assert len(err.strip().splitlines()) == 1
     assert refunds == []
-    assert "not today" in [m for m in result.transcript if m.role == "tool"][0].content
+    assert "not today" in next(m for m in result.transcript if m.role == "tool").content
 
 
 async def test_temporal_cli_approves_by_update_and_by_signal(

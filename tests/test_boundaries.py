@@ -109,7 +109,9 @@ def test_call_ids_become_unique_and_safe_within_a_turn_and_arguments_json_object
     )
     ids = [c.id for c in checked.calls]
     assert ids[0] == "dup" and len(set(ids)) == len(ids)
-    assert all(c.id == r.id for c, r in zip(checked.calls, checked.recorded.tool_calls))
+    assert all(
+        c.id == r.id for c, r in zip(checked.calls, checked.recorded.tool_calls, strict=True)
+    )
     assert [c.arguments for c in checked.calls] == [c.arguments for c in message.tool_calls]
     recorded = [json.loads(c.arguments) for c in checked.recorded.tool_calls]
     assert all(isinstance(r, dict) for r in recorded)

@@ -402,7 +402,7 @@ def test_an_agent_module_that_fails_to_import_gives_its_file_and_line_only(
     (tmp_path / "broken_agents.py").write_text(source)
     for args in (["worker", "broken_agents"], ["dev", "broken_agents", "--port", str(free_port())]):
         proc = popen("-m", "relaykit.cli", *args, cwd=tmp_path)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(expected), err

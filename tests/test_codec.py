@@ -241,7 +241,7 @@ async def test_a_codec_set_for_the_worker_process_is_one_clear_line_when_broken(
     env = base_env(
         TEMPORAL_ADDRESS=temporal_server.address, RELAYKIT_CODEC="no_such_codec_module:C"
     )
-    code, out, err = await relaykit_cmd("worker", "examples.encryption", env=env)
+    code, _out, err = await relaykit_cmd("worker", "examples.encryption", env=env)
     assert code == 1 and err.strip().splitlines() == [
         "error: cannot import codec module 'no_such_codec_module': No module named "
         "'no_such_codec_module' (hint: set RELAYKIT_CODEC=module:attr, e.g. "

@@ -24,7 +24,7 @@ NOTHING_CONFIGURED = {
 }
 
 
-def test_with_nothing_configured_every_command_gets_the_scripted_stand_in_and_how_to_use_a_real_model() -> (
+def test_with_nothing_configured_every_command_gets_the_scripted_stand_in_and_how_to_use_a_real_model() -> (  # noqa: E501
     None
 ):
     from relaykit.dev import choose_model
@@ -170,8 +170,9 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     }
     started = {
-        e.activity_task_started_event_attributes.scheduled_event_id: e.activity_task_started_event_attributes
+        attrs.scheduled_event_id: attrs
         for e in events
+        for attrs in [e.activity_task_started_event_attributes]
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
     }
     completed = [

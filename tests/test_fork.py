@@ -65,7 +65,7 @@ async def cli(*args: str, address: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_and_runs_no_tool_again(
+async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_and_runs_no_tool_again(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
 ) -> None:
     # The fork's first model request holds the prompt, turns 1-2 and the new input, nothing of

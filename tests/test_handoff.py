@@ -706,11 +706,13 @@ async def test_for_context_rewrite_filter_turns_other_agents_words_into_context(
     assert [m["content"] for m in request.messages[1:]] == [
         "charged twice",
         "For context: [triage] said: Checking.",
-        'For context: [triage] called tool `lookup_customer` with arguments: {"email": "ann@example.com"}',
+        "For context: [triage] called tool `lookup_customer` with arguments: "
+        '{"email": "ann@example.com"}',
         "For context: [triage] `lookup_customer` tool returned result: "
         "ann@example.com: plan pro, two charges of 49 EUR on 2025-03-02",
         "For context: [triage] called tool `transfer_to_billing` with arguments: {}",
-        'For context: [triage] `transfer_to_billing` tool returned result: {"assistant": "billing"}',
+        "For context: [triage] `transfer_to_billing` tool returned result: "
+        '{"assistant": "billing"}',
     ]
 
 

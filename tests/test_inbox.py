@@ -86,7 +86,9 @@ def start_inbox(address: str, token: str | None, **env: str) -> Inbox:
     )
     lines = _lines(proc.stderr)
     seen: list[str] = []
-    while not seen or (token is not None and not any(l.startswith("sign in: ") for l in seen)):
+    while not seen or (
+        token is not None and not any(line.startswith("sign in: ") for line in seen)
+    ):
         try:
             seen.append(lines.get(timeout=30))
         except queue.Empty:
@@ -94,7 +96,7 @@ def start_inbox(address: str, token: str | None, **env: str) -> Inbox:
             raise AssertionError(f"relaykit inbox did not start: {seen}") from None
     assert seen[0].startswith("inbox on "), seen
     url = seen[0].split()[2]
-    link = next((l for l in seen if l.startswith("sign in: ")), "")[len("sign in: ") :]
+    link = next((line for line in seen if line.startswith("sign in: ")), "")[len("sign in: ") :]
     return Inbox(url=url, token=token or "", sign_in_link=link, proc=proc)
 
 
@@ -179,7 +181,7 @@ async def start_desks(
     ]
 
 
-async def test_inbox_lists_calls_of_several_agents_and_a_childs_call_once_and_decides_them_over_the_api(
+async def test_inbox_lists_calls_of_several_agents_and_a_childs_call_once_and_decides_them_over_the_api(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, inbox: Inbox
 ) -> None:
     # GET /api/pending lists each waiting call once (a child's under its root run, with its run
@@ -309,7 +311,7 @@ async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox
         assert forged.status_code == 403
 
 
-async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_without_says_it_cannot(
+async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_without_says_it_cannot(  # noqa: E501
     model_server: ScriptedModelServer, temporal_server: DevServer, inbox: Inbox
 ) -> None:
     # Arguments are decoded with RELAYKIT_CODEC; an inbox without the key names the run as

@@ -241,7 +241,7 @@ async def docs(
         yield DocsRig(worker=worker, log=log, model_server=model_server, agents=agents)
 
 
-async def test_agent_lists_and_calls_stdio_server_tools_each_call_an_activity_named_after_server_and_tool(
+async def test_agent_lists_and_calls_stdio_server_tools_each_call_an_activity_named_after_server_and_tool(  # noqa: E501
     client: Client, docs: DocsRig
 ) -> None:
     agent = docs.agents["reader"]
@@ -467,15 +467,16 @@ async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue
     assert result.output == "done"
     assert not process_alive(server_pid)  # stopped with the worker that started it
     queues = {
-        e.activity_task_scheduled_event_attributes.activity_type.name: e.activity_task_scheduled_event_attributes.task_queue.name
+        attrs.activity_type.name: attrs.task_queue.name
         for e in await history_events(handle.workflow)
+        for attrs in [e.activity_task_scheduled_event_attributes]
         if e.HasField("activity_task_scheduled_event_attributes")
     }
     assert queues["mcp:remote:list_tools"] == queues["mcp:remote/count"] == server.task_queue
     assert queues["relaykit.model_call"] == main.task_queue
 
 
-async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_include_limits_the_tools(
+async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_include_limits_the_tools(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, tmp_path: Path
 ) -> None:
     log = ServerLog(tmp_path / "server.log")
@@ -621,7 +622,7 @@ async def http_server(http_process: HTTPServerProcess) -> AsyncIterator[tuple[st
     yield http_process.url, http_process.token, http_process.log
 
 
-async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_token_never_enters_history(
+async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_token_never_enters_history(  # noqa: E501
     client: Client,
     model_server: ScriptedModelServer,
     tmp_path: Path,

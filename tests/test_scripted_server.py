@@ -132,7 +132,7 @@ def test_openai_stream_reassembles(server: ScriptedModelServer) -> None:
     assert finish == plain["finish_reason"] == "tool_calls"
     expected = [
         {"id": f"call_oa-stream_{n}", **t["function"]}
-        for n, t in zip((3, 4), plain["message"]["tool_calls"])
+        for n, t in zip((3, 4), plain["message"]["tool_calls"], strict=True)
     ]
     assert [calls[i] for i in sorted(calls)] == expected
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 20

@@ -190,7 +190,8 @@ async def test_text_appears_while_the_model_writes_and_history_keeps_only_the_fi
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
     } & {e.event_type for e in history}
     print(
-        f"\ndelta latency over {len(latencies)} pieces: mean {statistics.mean(latencies) * 1000:.0f} ms, "
+        f"\ndelta latency over {len(latencies)} pieces: "
+        f"mean {statistics.mean(latencies) * 1000:.0f} ms, "
         f"max {max(latencies) * 1000:.0f} ms"
     )
     assert max(latencies) < 3.0

@@ -1,9 +1,9 @@
 """Property-based: whatever a model writes as arguments of the subagent tools (and of an agent
 tool), the run finishes and no workflow task fails.
 
-Each example is a real run on the Temporal dev server the tests share: the scripted lead first spawns
-one task (so ids can refer to something), then calls the tools with generated arguments in one
-turn, then answers. Generated arguments mix plausible values with wrong types, odd shapes,
+Each example is a real run on the Temporal dev server the tests share: the scripted lead first
+spawns one task (so ids can refer to something), then calls the tools with generated arguments in
+one turn, then answers. Generated arguments mix plausible values with wrong types, odd shapes,
 NaN/Infinity, huge numbers, non-JSON text and JSON that is not an object. One worker serves all
 examples, so CI pays about half a minute.
 

@@ -217,10 +217,10 @@ async def test_a_wait_that_times_out_says_so_and_lists_what_still_runs(
         "wait for everything",
     ],
 )
-async def test_wait_arguments_out_of_bounds_or_of_the_wrong_type_are_an_error_result_without_a_timer(
+async def test_wait_arguments_out_of_bounds_or_of_the_wrong_type_are_an_error_result_without_a_timer(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, raw: str
 ) -> None:
-    result, handle, requests = await _run_lead(
+    result, handle, _requests = await _run_lead(
         client,
         model_server,
         [

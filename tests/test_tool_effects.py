@@ -88,14 +88,14 @@ def test_a_tool_says_nothing_is_a_write_and_its_declared_effect_is_readable() ->
 def test_an_effect_or_unknown_choice_that_does_not_exist_is_refused_when_the_tool_is_defined(
     options: dict[str, Any],
 ) -> None:
-    with pytest.raises(ConfigurationError, match="effect|on_unknown"):
+    with pytest.raises(ConfigurationError, match=r"effect|on_unknown"):
 
         @tool(**options)
         def t() -> str:
             """T."""
             return ""
 
-    with pytest.raises(ConfigurationError, match="effect|on_unknown"):
+    with pytest.raises(ConfigurationError, match=r"effect|on_unknown"):
         MCPServer.stdio(
             "docs",
             ["server"],
@@ -106,7 +106,7 @@ def test_an_effect_or_unknown_choice_that_does_not_exist_is_refused_when_the_too
 # --- worker crashes (real worker processes, SIGKILL) ---------------------------------------------
 
 
-async def test_write_tool_in_flight_at_a_worker_kill_runs_once_and_the_model_reads_an_unknown_outcome(
+async def test_write_tool_in_flight_at_a_worker_kill_runs_once_and_the_model_reads_an_unknown_outcome(  # noqa: E501
     client: Client, rig: CrashRig
 ) -> None:
     # The charge had started when its worker died: the next attempt does not charge again; the

@@ -128,7 +128,8 @@ async def test_watch_follows_a_live_run_stops_on_ctrl_c_and_resumes_from_its_cur
             first += rest_out.decode().splitlines()
             hint = err.decode().strip().splitlines()[-1]
             assert hint.startswith(
-                f"stopped watching (the run goes on); resume with: relaykit watch {handle.id} --from "
+                "stopped watching (the run goes on); "
+                f"resume with: relaykit watch {handle.id} --from "
             )
             cursor = hint.rsplit(" ", 1)[-1]
             gate.set()

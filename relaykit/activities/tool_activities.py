@@ -130,7 +130,7 @@ def handoff_activity(
                 )
         except ApplicationError as exc:
             raise bounded_application_error(exc) from None
-        except Exception as exc:  # a bug in the callback will not fix itself on retry
+        except Exception as exc:  # noqa: BLE001 - a bug in the callback will not fix itself on retry
             raise ApplicationError(
                 error_text(f"on_handoff raised {type(exc).__name__}: ", exc), non_retryable=True
             ) from None

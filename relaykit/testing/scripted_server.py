@@ -606,7 +606,7 @@ class _Handler(BaseHTTPRequestHandler):
         emit({"role": "assistant", "content": ""})
         for piece in _pieces(step.text):
             emit({"content": piece})
-        for i, (tc, cid) in enumerate(zip(step.calls, ids)):
+        for i, (tc, cid) in enumerate(zip(step.calls, ids, strict=True)):
             emit(
                 {
                     "tool_calls": [
@@ -647,7 +647,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             emit("content_block_stop", {"index": 0})
             index = 1
-        for tc, cid in zip(step.calls, ids):
+        for tc, cid in zip(step.calls, ids, strict=True):
             block = {"type": "tool_use", "id": cid, "name": tc.name, "input": {}}
             emit("content_block_start", {"index": index, "content_block": block})
             for piece in _pieces(tc.arguments_json()):
@@ -690,7 +690,7 @@ def _openai_body(req: ScriptedRequest, step: Step, ids: list[str], rid: str) -> 
                 "type": "function",
                 "function": {"name": tc.name, "arguments": tc.arguments_json()},
             }
-            for tc, cid in zip(step.calls, ids)
+            for tc, cid in zip(step.calls, ids, strict=True)
         ]
     return {
         "id": rid,
@@ -715,7 +715,7 @@ def _anthropic_body(req: ScriptedRequest, step: Step, ids: list[str], rid: str) 
     content: list[dict[str, Any]] = [{"type": "text", "text": step.text}] if step.text else []
     content += [
         {"type": "tool_use", "id": cid, "name": tc.name, "input": _anthropic_input(tc)}
-        for tc, cid in zip(step.calls, ids)
+        for tc, cid in zip(step.calls, ids, strict=True)
     ]
     return {
         "id": rid,
