@@ -41,6 +41,7 @@ from typing import Any
 # Imported when the worker starts (this module is imported only for graphs with MCP servers):
 # importing the SDK takes seconds, which must not stall the event loop in the middle of a call.
 import httpx2
+import mcp
 import mcp.client.stdio
 import mcp.client.streamable_http
 import mcp_types
@@ -48,7 +49,6 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-import mcp
 from relaykit import errors
 from relaykit.activities.attempts import AttemptGuard
 from relaykit.activities.mcp_launch import orphan_safe_command
