@@ -510,6 +510,7 @@ async def _start_or_attach(
             ).workflow.describe()
         except RPCError:
             existing = None
+        policies: dict[str, Any]  # start_run passes them on to Temporal's start_workflow
         if if_exists is IfExists.restart:
             policies = {
                 "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,

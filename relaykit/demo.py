@@ -39,7 +39,12 @@ from temporalio.client import Client, WorkflowHandle
 
 from relaykit.errors import ConfigurationError
 from relaykit.models.spec import ModelSpec
-from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step
+from relaykit.testing.scripted_server import (
+    Responder,
+    ScriptedModelServer,
+    ScriptedRequest,
+    Step,
+)
 
 DEMO_TARGET = "examples.demo:travel_assistant"
 DEMO_TASK_QUEUE = "relaykit-demo"
@@ -273,7 +278,7 @@ class KillGate:
         self.reached = asyncio.Event()
         self.done = threading.Event()
 
-    def wrap(self, responder: Any) -> Any:
+    def wrap(self, responder: Responder) -> Responder:
         def respond(request: ScriptedRequest) -> Step:
             if len(request.tool_results) == 1 and not self.done.is_set():
                 self.loop.call_soon_threadsafe(self.reached.set)

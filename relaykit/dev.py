@@ -190,7 +190,7 @@ def find_scripted_responder(target: str) -> Responder | None:
     import importlib
 
     module = importlib.import_module(target.partition(":")[0])
-    named = getattr(module, "scripted_responder", None)
+    named: Responder | None = getattr(module, "scripted_responder", None)
     if callable(named):
         return named
     found = {

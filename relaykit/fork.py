@@ -156,9 +156,11 @@ async def read_turns(client: Client, run_id: str) -> RunTurns:
                 calls.append(call)
             elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 attrs = event.activity_task_completed_event_attributes
-                call = by_event.get(attrs.scheduled_event_id)
-                if call is not None:
-                    [call.response] = await convert.decode(attrs.result.payloads, [ModelResponse])
+                answered = by_event.get(attrs.scheduled_event_id)
+                if answered is not None:
+                    [answered.response] = await convert.decode(
+                        attrs.result.payloads, [ModelResponse]
+                    )
     runs = RunTurns(
         first_input=first_input,
         task_queue=description.task_queue or "",

@@ -104,6 +104,8 @@ class AgentGraph:
             if isinstance(entry, AgentTool):
                 reached.append(entry.agent)
                 continue
+            if not isinstance(entry, Tool):  # Agent moved its MCP servers out; a later edit may not
+                raise ConfigurationError(f"agent {agent.name!r}: {entry!r} is not a tool")
             if entry.name in RESERVED_NAMES:
                 raise ConfigurationError(f"tool name {entry.name!r} is reserved by relaykit")
             if entry.name in self.handoffs:  # the handoff's agent may have been added first

@@ -66,7 +66,8 @@ def import_failure(module_name: str, exc: BaseException) -> ConfigurationError:
         if not frame.filename.startswith("<")
     ]
     own = [frame for frame in frames if not _is_library(frame.filename)]
-    frame = (own or frames or [None])[-1]
+    shown = own or frames
+    frame = shown[-1] if shown else None
     where = f"{_shown(frame.filename)}, line {frame.lineno}: " if frame is not None else ""
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return ConfigurationError(f"cannot import {module_name!r}: {where}{detail}")

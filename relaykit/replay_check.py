@@ -23,6 +23,7 @@ from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.worker import Replayer
 
 from relaykit import registry
+from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec
@@ -103,7 +104,7 @@ async def replay_check(
     limit: int | None = None,
 ) -> list[ReplayOutcome]:
     """Replay each history against the agents of ``targets``; one outcome per history."""
-    agents = []
+    agents: list[Agent] = []
     for target in targets:
         agents.extend(a for a in load_agents(target) if all(a is not b for b in agents))
     graph = AgentGraph.build(agents, default_model=default_model_from_env() or REPLAY_MODEL)

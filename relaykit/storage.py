@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import builtins
 import dataclasses
 import hashlib
 import json
@@ -273,7 +274,13 @@ class Store:
         try:
             if parts.scheme == "memory":
                 return from_url("memory:///")
-            return from_url(base, config=config or None, client_options=client_options or None)
+            # The keys were checked against the scheme's options above; obstore types its config
+            # as one TypedDict per backend, which a dict built from a URL cannot name statically.
+            return from_url(
+                base,
+                config=config or None,  # type: ignore[arg-type]
+                client_options=client_options or None,  # type: ignore[arg-type]
+            )
         except BaseException as exc:  # obstore raises (and panics) its own types
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -444,7 +451,7 @@ class Store:
             for meta in chunk:
                 yield StoredObject(meta["path"], meta["size"], meta["last_modified"])
 
-    async def folders(self, prefix: str) -> list[str]:
+    async def folders(self, prefix: str) -> builtins.list[str]:  # `list` here is Store.list
         """Names of the folders directly under ``prefix``."""
         if self.directory is not None and not (self.directory / prefix).exists():
             return []
@@ -578,7 +585,7 @@ class StoreDriver(StorageDriver):
     def type(self) -> str:
         return "relaykit.StoreDriver"
 
-    async def store(  # type: ignore[override]
+    async def store(
         self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
     ) -> list[StorageDriverClaim]:
         target = context.target
@@ -608,7 +615,7 @@ class StoreDriver(StorageDriver):
                 return
         await self.target.put(key, data, encode=False)
 
-    async def retrieve(  # type: ignore[override]
+    async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
         return list(await asyncio.gather(*(self._retrieve(claim) for claim in claims)))

@@ -368,9 +368,11 @@ class _Beats:
             yield
             return
 
+        interval = self.interval
+
         async def loop() -> None:
             while True:
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(interval)
                 self.send()
 
         task = asyncio.create_task(loop())
@@ -493,9 +495,7 @@ def _build_args_model(
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
-    model = create_model(  # type: ignore[call-overload]
-        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     return model, context_param
 
 

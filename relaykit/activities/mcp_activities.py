@@ -484,7 +484,7 @@ class MCPSessions:
         return relaykit_mcp
 
 
-def _session_unknown(exc: Any) -> bool:
+def _session_unknown(exc: mcp.MCPError) -> bool:
     """The streamable HTTP transport's answer to a 404 for a session the server does not know."""
     return exc.error.code == mcp_types.INVALID_REQUEST and exc.error.message == "Session terminated"
 

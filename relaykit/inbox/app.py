@@ -156,7 +156,8 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
                 if not fresh():
                     cache["listing"] = await list_pending(client, hidden=recent.current())
                     cache["at"] = time.monotonic()
-        return cache["listing"]
+        cached: InboxListing = cache["listing"]
+        return cached
 
     def forget_listing() -> None:
         cache["listing"] = None
@@ -377,4 +378,4 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         404: not_found,
         405: not_allowed,
     }
-    return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+    return Starlette(routes=routes, exception_handlers=handlers)
