@@ -24,7 +24,7 @@ import pytest
 from temporalio.client import Client
 
 from relaykit import Agent, RunHandle, start_run, tool
-from relaykit.devserver import DevServer
+from relaykit.devserver import DEFAULT_UI_URL, DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from tests.support import scripted_model, serving
 
@@ -430,7 +430,7 @@ async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_re
                 row = page.locator(f'tr[data-run="{billing.id}"]')
                 assert "refund" in await row.inner_text() and "A-1" in await row.inner_text()
                 assert await row.locator("a").get_attribute("href") == (
-                    f"http://localhost:8233/namespaces/default/workflows/{billing.id}"
+                    f"{DEFAULT_UI_URL}/namespaces/default/workflows/{billing.id}"
                 )
                 await row.get_by_role("button", name="Approve").click()
                 await page.wait_for_selector("text=approved refund")
