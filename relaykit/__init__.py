@@ -8,9 +8,9 @@ import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 
 # isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
+from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
 from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
 from relaykit.context_policy import ContextPolicy, default_context_policy
-from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
 from relaykit.fork import ForkError, fork_run
 from relaykit.handoff import (
@@ -75,9 +75,9 @@ __all__ = [
     "Budget",
     "CancelSubagentArgs",
     "ConfigurationError",
+    "ContextPolicy",
     "ForkError",
     "ForkOrigin",
-    "ContextPolicy",
     "Handoff",
     "HandoffArgs",
     "HandoffCallbackInput",
@@ -86,6 +86,7 @@ __all__ = [
     "Message",
     "ModelSettings",
     "ModelSpec",
+    "OnUnknown",
     "PayloadDecodeError",
     "PendingApproval",
     "RelaykitError",
@@ -98,11 +99,10 @@ __all__ = [
     "RunSetup",
     "RunSnapshot",
     "RunStatus",
-    "Store",
-    "StoreDriver",
     "SendToSubagentArgs",
     "SpawnSubagentArgs",
-    "OnUnknown",
+    "Store",
+    "StoreDriver",
     "StreamCursor",
     "StreamEvent",
     "Subagents",

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -61,7 +61,10 @@ err_console = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 AddressOpt = Annotated[
-    str | None, typer.Option("--address", help="Temporal frontend (default: TEMPORAL_ADDRESS or localhost:7233)")
+    str | None,
+    typer.Option(
+        "--address", help="Temporal frontend (default: TEMPORAL_ADDRESS or localhost:7233)"
+    ),
 ]
 NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="Temporal namespace")]
 TaskQueueOpt = Annotated[str, typer.Option("--task-queue", "-q", help="Task queue of the worker")]
@@ -72,20 +75,32 @@ ToolThreadsOpt = Annotated[
 ]
 MaxActivitiesOpt = Annotated[
     int | None,
-    typer.Option("--max-concurrent-activities", min=1, help="Model and tool calls run at once (default: Temporal's)"),
+    typer.Option(
+        "--max-concurrent-activities",
+        min=1,
+        help="Model and tool calls run at once (default: Temporal's)",
+    ),
 ]
 StickyOpt = Annotated[
     float,
     typer.Option(
-        "--sticky-timeout", min=0.1,
-        help="Seconds a run's next step waits for the worker that has it cached before another may take it",
+        "--sticky-timeout",
+        min=0.1,
+        help=(
+            "Seconds a run's next step waits for the worker that has it cached "
+            "before another may take it"
+        ),
     ),
 ]
 GraceOpt = Annotated[
     float,
     typer.Option(
-        "--graceful-shutdown", min=0,
-        help="On SIGTERM/Ctrl-C, seconds calls in flight may take to finish before they are cancelled",
+        "--graceful-shutdown",
+        min=0,
+        help=(
+            "On SIGTERM/Ctrl-C, seconds calls in flight may take to finish "
+            "before they are cancelled"
+        ),
     ),
 ]
 
@@ -135,8 +150,9 @@ def _version(value: bool) -> None:
 def _main(
     show_version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True,
-                     help="Print relaykit's version and exit"),
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print relaykit's version and exit"
+        ),
     ] = False,
 ) -> None:
     """Durable multi-agent LLM runs on Temporal."""
@@ -161,7 +177,9 @@ def command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T | None
         except WorkflowUpdateFailedError as exc:  # e.g. an unknown or already answered call id
             _fail(str(getattr(exc.cause, "message", exc.cause)))
         except WorkflowQueryFailedError as exc:  # a worker that could not answer a query
-            _fail(f"the run's worker could not answer: {(str(exc).strip().splitlines() or [''])[0]}")
+            _fail(
+                f"the run's worker could not answer: {(str(exc).strip().splitlines() or [''])[0]}"
+            )
         except RPCError as exc:
             _fail(f"Temporal: {exc.message}")
         except KeyError as exc:  # Temporal's error for a payload encoding no codec here reads
@@ -235,7 +253,9 @@ async def _served(client: Client, task_queue: str) -> bool:
 
 
 def _warn_no_worker(task_queue: str) -> None:
-    err_console.print(f"[yellow]warning:[/yellow] {_no_worker_message(task_queue)}", highlight=False)
+    err_console.print(
+        f"[yellow]warning:[/yellow] {_no_worker_message(task_queue)}", highlight=False
+    )
 
 
 async def _client(address: str | None, namespace: str | None) -> Client:
@@ -386,7 +406,8 @@ def _print_result(result: Any, as_json: bool) -> None:
     _print_answer(result.output)
     err_console.print(
         f"[dim]agent {result.final_agent} · {result.turns} turns · {result.usage.requests} "
-        f"model calls · {result.usage.input_tokens} in / {result.usage.output_tokens} out tokens[/dim]"
+        f"model calls · {result.usage.input_tokens} in / "
+        f"{result.usage.output_tokens} out tokens[/dim]"
     )
 
 
@@ -397,8 +418,10 @@ def _print_result(result: Any, as_json: bool) -> None:
 @command
 async def worker(
     target: Annotated[
-        list[str], typer.Argument(help="MODULE or MODULE:ATTR (an agent or a list of agents); "
-                                  "several may be given")
+        list[str],
+        typer.Argument(
+            help="MODULE or MODULE:ATTR (an agent or a list of agents); several may be given"
+        ),
     ],
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     address: AddressOpt = None,
@@ -409,17 +432,24 @@ async def worker(
     graceful_shutdown: GraceOpt = DEFAULT_GRACEFUL_SHUTDOWN.total_seconds(),
     deployment: Annotated[
         str | None,
-        typer.Option("--deployment", help="Worker deployment name (default: RELAYKIT_DEPLOYMENT); "
-                     "with --build-id, runs are pinned to this worker's build"),
+        typer.Option(
+            "--deployment",
+            help="Worker deployment name (default: RELAYKIT_DEPLOYMENT); "
+            "with --build-id, runs are pinned to this worker's build",
+        ),
     ] = None,
     build_id: Annotated[
         str | None,
-        typer.Option("--build-id", help="Build id of this worker's code (default: RELAYKIT_BUILD_ID)"),
+        typer.Option(
+            "--build-id", help="Build id of this worker's code (default: RELAYKIT_BUILD_ID)"
+        ),
     ] = None,
     upgrade_on_continue_as_new: Annotated[
         bool,
-        typer.Option("--upgrade-on-continue-as-new",
-                     help="Long runs move to the deployment's current build at their next continue-as-new"),
+        typer.Option(
+            "--upgrade-on-continue-as-new",
+            help="Long runs move to the deployment's current build at their next continue-as-new",
+        ),
     ] = False,
 ) -> None:
     """Run a worker serving the agents of a module (and every agent they reach).
@@ -431,7 +461,6 @@ async def worker(
     (up to --graceful-shutdown seconds) and exits, so a rolling restart stalls no run."""
     from relaykit.dev import run_worker
     from relaykit.loading import load_agents
-
     from relaykit.versioning import deployment_config
 
     for one in target:  # a bad module fails before anything connects
@@ -439,15 +468,21 @@ async def worker(
     deployment_config(deployment, build_id)  # so does a bad deployment name
     client = await _client(address, namespace)
     await run_worker(
-        target, client=client, task_queue=task_queue, on_signal=_stop_message(graceful_shutdown),
-        deployment=deployment, build_id=build_id,
+        target,
+        client=client,
+        task_queue=task_queue,
+        on_signal=_stop_message(graceful_shutdown),
+        deployment=deployment,
+        build_id=build_id,
         upgrade_on_continue_as_new=upgrade_on_continue_as_new,
-        **worker_options(tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown),
+        **worker_options(
+            tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown
+        ),
     )
     err_console.print("worker stopped")
 
 
-class IfExists(str, Enum):
+class IfExists(StrEnum):
     """What ``run --id R`` does when a run with id R exists."""
 
     attach = "attach"
@@ -475,6 +510,7 @@ async def _start_or_attach(
             ).workflow.describe()
         except RPCError:
             existing = None
+        policies: dict[str, Any]  # start_run passes them on to Temporal's start_workflow
         if if_exists is IfExists.restart:
             policies = {
                 "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -484,13 +520,19 @@ async def _start_or_attach(
             policies = {
                 "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING
-                if if_exists is IfExists.attach else WorkflowIDConflictPolicy.FAIL,
+                if if_exists is IfExists.attach
+                else WorkflowIDConflictPolicy.FAIL,
             }
     else:
         existing, policies = None, {}
     try:
         handle = await start_run(
-            client, agent, prompt, task_queue=task_queue, id=run_id, max_turns=max_turns,
+            client,
+            agent,
+            prompt,
+            task_queue=task_queue,
+            id=run_id,
+            max_turns=max_turns,
             **policies,
         )
     except WorkflowAlreadyStartedError:
@@ -514,8 +556,10 @@ def _activity_line(description: WorkflowExecutionDescription) -> str:
     now = time.time()
     parts = []
     for activity in pending:
-        since = activity.last_started_time if activity.HasField("last_started_time") else (
-            activity.scheduled_time
+        since = (
+            activity.last_started_time
+            if activity.HasField("last_started_time")
+            else (activity.scheduled_time)
         )
         seconds = max(0, int(now - since.ToSeconds())) if since.seconds else 0
         parts.append(f"{activity.activity_type.name} {seconds}s")
@@ -571,7 +615,9 @@ async def _failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | N
             decoded = await handle.client.data_converter.decode_failure(failure)
             message = str(decoded)
         except Exception:  # noqa: BLE001 - a codec may raise anything
-            encoding = failure.encoded_attributes.metadata.get("encoding", b"").decode(errors="replace")
+            encoding = failure.encoded_attributes.metadata.get("encoding", b"").decode(
+                errors="replace"
+            )
             return RelaykitError(
                 f"the worker on task queue {task_queue!r} cannot run {handle.id}, and its error "
                 f"is encoded as {encoding!r} with a codec or key this command lacks: the worker "
@@ -653,11 +699,18 @@ async def run(
     _text_arg(prompt, "prompt")
     _text_arg(agent, "agent name")
     if not agent.strip():
-        raise RelaykitError("the agent name is empty", hint="give the name of an agent a worker serves")
+        raise RelaykitError(
+            "the agent name is empty", hint="give the name of an agent a worker serves"
+        )
     _text_arg(run_id, "run id")
     client = await _client(address, namespace)
     handle, existing = await _start_or_attach(
-        client, agent, prompt, task_queue=task_queue, run_id=run_id, max_turns=max_turns,
+        client,
+        agent,
+        prompt,
+        task_queue=task_queue,
+        run_id=run_id,
+        max_turns=max_turns,
         if_exists=if_exists,
     )
     if existing is not None:
@@ -665,7 +718,8 @@ async def run(
         if not _is_open(existing):
             err_console.print(
                 f"run {handle.id} already exists and is closed ({_status_word(existing)}); "
-                "its result:", highlight=False,
+                "its result:",
+                highlight=False,
             )
             _print_result(await handle.result(), as_json)
             return
@@ -673,8 +727,9 @@ async def run(
     else:
         queue = task_queue
     if wait:
-        err_console.print(f"run [bold]{handle.id}[/bold]  {ui_url(handle.id, client.namespace)}",
-                          highlight=False)
+        err_console.print(
+            f"run [bold]{handle.id}[/bold]  {ui_url(handle.id, client.namespace)}", highlight=False
+        )
         try:
             finished = await _wait_for_result(handle, queue)
         except asyncio.CancelledError:  # Ctrl-C: only this command stops
@@ -688,7 +743,7 @@ async def run(
         return
     try:  # surface immediate failures (an agent the worker does not serve) as an error
         await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     if as_json:
         print(json.dumps({"run_id": handle.id, "ui_url": ui_url(handle.id, client.namespace)}))
@@ -886,7 +941,10 @@ async def events(
             print(event.model_dump_json())
         else:
             path = "/".join(event.run_path)
-            print(f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} {json.dumps(event.data)[:120]}")
+            print(
+                f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} "
+                f"{json.dumps(event.data)[:120]}"
+            )
 
 
 @app.command()
@@ -895,8 +953,11 @@ async def watch(
     run_id: RunIdArg,
     start: Annotated[
         str,
-        typer.Option("--from", help="Where to start: an event sequence number, or the cursor "
-                     "printed when watching stopped"),
+        typer.Option(
+            "--from",
+            help="Where to start: an event sequence number, or the cursor "
+            "printed when watching stopped",
+        ),
     ] = "0",
     plain: Annotated[
         bool, typer.Option("--plain", help="Print the log line by line, even on a terminal")
@@ -914,9 +975,7 @@ async def watch(
         seen["cursor"] = cursor
 
     try:
-        state = await watch_run(
-            handle, console, from_offset=start, plain=plain, on_cursor=remember
-        )
+        state = await watch_run(handle, console, from_offset=start, plain=plain, on_cursor=remember)
     except WorkflowQueryFailedError as exc:
         raise _replay_refused(handle, description, exc) from None
     except asyncio.CancelledError:  # Ctrl-C: the run goes on
@@ -928,7 +987,12 @@ async def watch(
         raise
     tokens = "" if state.tokens is None else f" · {state.tokens} tokens"
     err_console.print(f"[dim]run {state.status} · agent {state.agent}{tokens}[/dim]")
-    if state.status == "completed" and state.output is not None and console.is_terminal and not plain:
+    if (
+        state.status == "completed"
+        and state.output is not None
+        and console.is_terminal
+        and not plain
+    ):
         _print_answer(state.output)
 
 
@@ -937,8 +1001,10 @@ async def watch(
 async def runs(
     status: Annotated[
         str | None,
-        typer.Option(help="open, running, waiting_approval, paused, completed, failed, "
-                     "cancelled, terminated or timed_out"),
+        typer.Option(
+            help="open, running, waiting_approval, paused, completed, failed, "
+            "cancelled, terminated or timed_out"
+        ),
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
     roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
@@ -1027,15 +1093,23 @@ async def replay_check(
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     query: Annotated[
         str | None,
-        typer.Option("--query", help="A Temporal list filter choosing the runs (default: the "
-                     "open AgentRun runs of --task-queue)"),
+        typer.Option(
+            "--query",
+            help="A Temporal list filter choosing the runs (default: the "
+            "open AgentRun runs of --task-queue)",
+        ),
     ] = None,
     histories: Annotated[
         Path | None,
-        typer.Option("--histories", help="A folder (or file) of history JSON as "
-                     "`temporal workflow show -o json` writes it, instead of the server"),
+        typer.Option(
+            "--histories",
+            help="A folder (or file) of history JSON as "
+            "`temporal workflow show -o json` writes it, instead of the server",
+        ),
     ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many runs")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="At most this many runs")
+    ] = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -1056,12 +1130,16 @@ async def replay_check(
         )
     except (RelaykitError, RPCError, OSError, ValueError) as exc:
         message = exc.message if isinstance(exc, RPCError) else str(exc)
-        err_console.print(f"[red]error:[/red] replay check could not run: {message}", highlight=False)
+        err_console.print(
+            f"[red]error:[/red] replay check could not run: {message}", highlight=False
+        )
         raise typer.Exit(2) from None
     for outcome in outcomes:
         if outcome.outcome != "ok":
             print(outcome.line())
-    counts = {kind: sum(o.outcome == kind for o in outcomes) for kind in ("ok", "failed", "skipped")}
+    counts = {
+        kind: sum(o.outcome == kind for o in outcomes) for kind in ("ok", "failed", "skipped")
+    }
     replayed = counts["ok"] + counts["failed"]
     print(f"replayed {replayed}, failed {counts['failed']}, skipped {counts['skipped']}")
     if counts["failed"]:
@@ -1124,8 +1202,10 @@ async def codec_server(
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
     origin: Annotated[
         list[str] | None,
-        typer.Option(help="Browser origin allowed to call it (repeatable; default: the Temporal "
-                     "UI on 127.0.0.1/localhost:8233 and :8080 and RELAYKIT_UI_URL)"),
+        typer.Option(
+            help="Browser origin allowed to call it (repeatable; default: the Temporal "
+            "UI on 127.0.0.1/localhost:8233 and :8080 and RELAYKIT_UI_URL)"
+        ),
     ] = None,
 ) -> None:
     """Serve the codec RELAYKIT_CODEC names over Temporal's remote codec protocol, so the
@@ -1134,11 +1214,19 @@ async def codec_server(
     import socket
     from urllib.parse import urlsplit
 
-    from relaykit.codec import CODEC_AUTH_ENV, CODEC_ENV, DEFAULT_UI_ORIGINS, codec_app, codec_from_env
+    from relaykit.codec import (
+        CODEC_AUTH_ENV,
+        CODEC_ENV,
+        DEFAULT_UI_ORIGINS,
+        codec_app,
+        codec_from_env,
+    )
 
     codec = codec_from_env()
     if codec is None:
-        raise RelaykitError(f"no codec to serve: {CODEC_ENV} is not set", hint="set it to module:attr")
+        raise RelaykitError(
+            f"no codec to serve: {CODEC_ENV} is not set", hint="set it to module:attr"
+        )
     try:
         import uvicorn
     except ImportError:
@@ -1156,7 +1244,9 @@ async def codec_server(
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise RelaykitError(f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port") from None
+        raise RelaykitError(
+            f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port"
+        ) from None
     sock.listen(128)  # before the line below, so whoever waits for it can connect at once
     bound = sock.getsockname()[1]
     url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
@@ -1164,7 +1254,8 @@ async def codec_server(
     err_console.print(f"codec server on {url}{auth} for {type(codec).__name__}", highlight=False)
     err_console.print(
         f"[dim]temporal workflow show --codec-endpoint {url} …; Temporal UI: codec endpoint "
-        f"{url}[/dim]", highlight=False,
+        f"{url}[/dim]",
+        highlight=False,
     )
     import logging
 
@@ -1183,10 +1274,17 @@ async def codec_server(
 async def gc(
     retention: Annotated[
         str | None,
-        typer.Option("--retention", help="Keep runs closed less than this long (default RELAYKIT_STORE_RETENTION or 7d)"),
+        typer.Option(
+            "--retention",
+            help="Keep runs closed less than this long (default RELAYKIT_STORE_RETENTION or 7d)",
+        ),
     ] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default RELAYKIT_STORE)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be deleted")] = False,
+    store: Annotated[
+        str | None, typer.Option("--store", help="Store URL (default RELAYKIT_STORE)")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only say what would be deleted")
+    ] = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -1213,7 +1311,9 @@ def dev(
     ] = "examples.demo",
     port: Annotated[int, typer.Option(help="Temporal frontend port")] = 7233,
     ui_port: Annotated[int, typer.Option(help="Temporal UI port")] = 8233,
-    data_dir: Annotated[str, typer.Option(help="Where the server keeps its SQLite file")] = ".relaykit",
+    data_dir: Annotated[
+        str, typer.Option(help="Where the server keeps its SQLite file")
+    ] = ".relaykit",
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     tool_threads: ToolThreadsOpt = DEFAULT_TOOL_THREADS,
     max_concurrent_activities: MaxActivitiesOpt = None,
@@ -1224,12 +1324,20 @@ def dev(
     both, the worker gracefully first."""
     from relaykit.dev import run_dev
 
-    options = worker_options(tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown)
+    options = worker_options(
+        tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown
+    )
     try:
-        asyncio.run(run_dev(
-            target, port=port, ui_port=ui_port, data_dir=data_dir, task_queue=task_queue,
-            worker_options=options,
-        ))
+        asyncio.run(
+            run_dev(
+                target,
+                port=port,
+                ui_port=ui_port,
+                data_dir=data_dir,
+                task_queue=task_queue,
+                worker_options=options,
+            )
+        )
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM while starting
         err_console.print("stopped")
     except RelaykitError as exc:
@@ -1240,14 +1348,18 @@ def dev(
 def demo(
     port: Annotated[int, typer.Option(help="Temporal frontend port")] = 7233,
     ui_port: Annotated[int, typer.Option(help="Temporal UI port")] = 8233,
-    data_dir: Annotated[str, typer.Option(help="Where the server keeps its SQLite file")] = ".relaykit",
+    data_dir: Annotated[
+        str, typer.Option(help="Where the server keeps its SQLite file")
+    ] = ".relaykit",
     stay: Annotated[
         bool | None, typer.Option("--stay/--exit", help="Keep the server and UI up afterwards")
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="Model to play the demo (as RELAYKIT_MODEL: openai:gpt-4.1, local, …); "
-                     "default: the deterministic scripted stand-in unless a provider is configured"),
+        typer.Option(
+            help="Model to play the demo (as RELAYKIT_MODEL: openai:gpt-4.1, local, …); "
+            "default: the deterministic scripted stand-in unless a provider is configured"
+        ),
     ] = None,
 ) -> None:
     """Run the quick-start demo: embedded server, two worker processes and one multi-step run

@@ -59,7 +59,9 @@ def load_codec(spec: str) -> PayloadCodec:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import codec module {module_name!r}: {exc}", hint=hint) from None
+        raise ConfigurationError(
+            f"cannot import codec module {module_name!r}: {exc}", hint=hint
+        ) from None
     target: Any = module
     for part in attr.split("."):
         try:
@@ -111,16 +113,24 @@ def compose_data_converter(
         changes["payload_converter_class"] = PydanticPayloadConverter
     if codec is not None:
         changes["payload_codec"] = codec
-    if (codec or base.payload_codec) is not None and base.failure_converter_class is DefaultFailureConverter:
+    if (
+        codec or base.payload_codec
+    ) is not None and base.failure_converter_class is DefaultFailureConverter:
         changes["failure_converter_class"] = DefaultFailureConverterWithEncodedAttributes
     return dataclasses.replace(base, **changes) if changes else base
 
 
 @overload
-def describe_decode_error(exc: BaseException, *, any_error: Literal[True]) -> PayloadDecodeError: ...
+def describe_decode_error(
+    exc: BaseException, *, any_error: Literal[True]
+) -> PayloadDecodeError: ...
 @overload
-def describe_decode_error(exc: BaseException, *, any_error: bool = False) -> PayloadDecodeError | None: ...
-def describe_decode_error(exc: BaseException, *, any_error: bool = False) -> PayloadDecodeError | None:
+def describe_decode_error(
+    exc: BaseException, *, any_error: bool = False
+) -> PayloadDecodeError | None: ...
+def describe_decode_error(
+    exc: BaseException, *, any_error: bool = False
+) -> PayloadDecodeError | None:
     """A clear error for a payload this process could not read, or ``None`` if ``exc`` is not
     one (Temporal raises a bare ``KeyError`` for an unknown encoding). With ``any_error``,
     ``exc`` is known to come from decoding, so any exception is described."""
@@ -162,7 +172,10 @@ def _payloads_to_json(payloads: Sequence[Payload]) -> str:
 
 
 DEFAULT_UI_ORIGINS = (
-    "http://127.0.0.1:8233", "http://localhost:8233", "http://127.0.0.1:8080", "http://localhost:8080",
+    "http://127.0.0.1:8233",
+    "http://localhost:8233",
+    "http://127.0.0.1:8080",
+    "http://localhost:8080",
 )
 
 

@@ -39,7 +39,12 @@ from temporalio.client import Client, WorkflowHandle
 
 from relaykit.errors import ConfigurationError
 from relaykit.models.spec import ModelSpec
-from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step
+from relaykit.testing.scripted_server import (
+    Responder,
+    ScriptedModelServer,
+    ScriptedRequest,
+    Step,
+)
 
 DEMO_TARGET = "examples.demo:travel_assistant"
 DEMO_TASK_QUEUE = "relaykit-demo"
@@ -58,7 +63,6 @@ _READY = "relaykit-demo-worker ready"
 
 async def _serve_demo_agent(task_queue: str, spec: ModelSpec) -> None:
     from examples.demo import travel_assistant
-
     from relaykit.client import connect
     from relaykit.worker import Worker
 
@@ -70,7 +74,10 @@ async def _serve_demo_agent(task_queue: str, spec: ModelSpec) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     client = await connect(command[1])
     async with Worker(
-        client, travel_assistant, task_queue=task_queue, default_model=spec,
+        client,
+        travel_assistant,
+        task_queue=task_queue,
+        default_model=spec,
         sticky_queue_schedule_to_start_timeout=DEMO_STICKY_TIMEOUT,
     ):
         # The identity is what the server writes into the history of each call this worker runs.
@@ -122,7 +129,7 @@ class WorkerProcess:
                     hint=f"its log is {self.log}",
                 )
             if line.startswith(_READY):
-                self.identity = line[len(_READY):].strip()
+                self.identity = line[len(_READY) :].strip()
                 return
 
 
@@ -141,8 +148,15 @@ async def start_worker_process(
     log = log_dir / f"demo-worker-{number}.log"
     with open(log, "wb") as stderr:  # the SDK's own log lines (e.g. the lost call) go here
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relaykit.demo", "worker", task_queue,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env,
+            sys.executable,
+            "-m",
+            "relaykit.demo",
+            "worker",
+            task_queue,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env=env,
         )
     return WorkerProcess(number, process, log)
 
@@ -185,7 +199,7 @@ class Story:
     async def read(self, handle: WorkflowHandle[Any, Any], client: Client) -> list[str]:
         lines: list[str] = []
         events = [e async for e in handle.fetch_history_events()]
-        for event in events[self.seen:]:
+        for event in events[self.seen :]:
             lines.extend(await self._take(event, client))
         self.seen = max(self.seen, len(events))
         return lines
@@ -264,7 +278,7 @@ class KillGate:
         self.reached = asyncio.Event()
         self.done = threading.Event()
 
-    def wrap(self, responder: Any) -> Any:
+    def wrap(self, responder: Responder) -> Responder:
         def respond(request: ScriptedRequest) -> Step:
             if len(request.tool_results) == 1 and not self.done.is_set():
                 self.loop.call_soon_threadsafe(self.reached.set)
@@ -280,7 +294,8 @@ async def _pending_summary(
     """What ``worker`` is running, from the server's view of the run (noted in ``story``)."""
     description = await handle.describe()
     running = [
-        p for p in description.raw_description.pending_activities
+        p
+        for p in description.raw_description.pending_activities
         if p.last_worker_identity == worker.identity
     ]
     story.lost.update({p.activity_id: worker.label for p in running})
@@ -307,10 +322,9 @@ async def run_demo(
     """Serve examples/demo.py on worker processes, run it once, kill worker 1 mid-run, finish on
     worker 2, and print the answer, the story and the run's UI link."""
     from examples.demo import DEMO_PROMPT, scripted_demo, travel_assistant
-
     from relaykit.client import connect, start_run
-    from relaykit.workflows.loop import MODEL_ACTIVITY
     from relaykit.dev import SCRIPTED_MODEL_NAME, console, start_server, stop_on_sigterm
+    from relaykit.workflows.loop import MODEL_ACTIVITY
 
     choice = demo_model_choice(model)
     console.print(f"model: [bold]{choice.label}[/bold]")
@@ -333,9 +347,7 @@ async def run_demo(
         """A queue of this demo's own: runs left by an earlier demo in the same data directory
         (stopped with Ctrl-C) are not picked up by these workers."""
         console.print("starting the embedded Temporal server…")
-        workers = [
-            await start_worker_process(n, spec, Path(data_dir), task_queue) for n in (1, 2)
-        ]
+        workers = [await start_worker_process(n, spec, Path(data_dir), task_queue) for n in (1, 2)]
 
         async def stop_workers() -> None:
             for w in workers:
@@ -343,7 +355,7 @@ async def run_demo(
                     w.process.terminate()
                     try:
                         await asyncio.wait_for(w.process.wait(), timeout=15)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         w.process.kill()
                         await w.process.wait()
 
@@ -365,8 +377,12 @@ async def run_demo(
         first, second = workers
         await serve(first)
         handle = await start_run(
-            client, travel_assistant, DEMO_PROMPT, task_queue=task_queue,
-            max_turns=4, answer_on_last_turn=True,
+            client,
+            travel_assistant,
+            DEMO_PROMPT,
+            task_queue=task_queue,
+            max_turns=4,
+            answer_on_last_turn=True,
         )
         console.print(f"\nrun [bold]{handle.id}[/bold] started — follow it in the Temporal UI:")
         print(server.ui_link(handle.id), flush=True)

@@ -16,21 +16,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from contextlib import AsyncExitStack
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from temporalio.client import Client
 
+from relaykit.agent import Agent
 from relaykit.client import connect
 from relaykit.devserver import DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
-from relaykit.agent import Agent
 from relaykit.loading import load_agents
-from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
 from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.testing.scripted_server import Responder, ScriptedModelServer, ScriptedRequest, Step
 from relaykit.worker import Worker
 
 console = Console(stderr=True, soft_wrap=True)
@@ -156,13 +156,17 @@ async def serve_default_model(
 
 
 async def _serve(
-    stack: AsyncExitStack, target: str, port: int, ui_port: int, data_dir: str, task_queue: str,
-    scripted_responder: Responder | None, worker_options: dict[str, Any] | None = None,
+    stack: AsyncExitStack,
+    target: str,
+    port: int,
+    ui_port: int,
+    data_dir: str,
+    task_queue: str,
+    scripted_responder: Responder | None,
+    worker_options: dict[str, Any] | None = None,
 ) -> tuple[DevServer, Worker, ModelChoice]:
     agents = load_agents(target)
-    spec, choice = await serve_default_model(
-        stack, [target], scripted_responder=scripted_responder
-    )
+    spec, choice = await serve_default_model(stack, [target], scripted_responder=scripted_responder)
     console.print(f"model: [bold]{choice.label}[/bold]")  # first: what plays the model
     console.print("starting the embedded Temporal server…")
     server = await asyncio.to_thread(start_server, port, ui_port, data_dir)
@@ -186,13 +190,14 @@ def find_scripted_responder(target: str) -> Responder | None:
     import importlib
 
     module = importlib.import_module(target.partition(":")[0])
-    named = getattr(module, "scripted_responder", None)
+    named: Responder | None = getattr(module, "scripted_responder", None)
     if callable(named):
         return named
     found = {
         id(value): value
         for name, value in vars(module).items()
-        if name.startswith("scripted_") and callable(value)
+        if name.startswith("scripted_")
+        and callable(value)
         and getattr(value, "__module__", None) == module.__name__
     }
     return next(iter(found.values())) if len(found) == 1 else None
@@ -210,7 +215,8 @@ def responder_for(targets: Sequence[str]) -> Responder:
         if responder is None:
             continue
         prompts = [
-            agent.instructions for agent in load_agents(target)
+            agent.instructions
+            for agent in load_agents(target)
             if isinstance(agent.instructions, str) and agent.instructions
         ]
         found.append((prompts, responder))
@@ -240,7 +246,12 @@ def stop_on_sigterm() -> None:
 
 
 async def run_dev(
-    target: str, *, port: int, ui_port: int, data_dir: str, task_queue: str,
+    target: str,
+    *,
+    port: int,
+    ui_port: int,
+    data_dir: str,
+    task_queue: str,
     worker_options: dict[str, Any] | None = None,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C; then the worker stops gracefully (calls in flight may
@@ -250,7 +261,7 @@ async def run_dev(
     stop_on_sigterm()  # while starting up; once serving, the first signal stops gracefully
     async with AsyncExitStack() as stack:
         await _serve(stack, target, port, ui_port, data_dir, task_queue, None, worker_options)
-        console.print("ready: start runs with `relaykit run AGENT \"…\"`; Ctrl-C stops everything")
+        console.print('ready: start runs with `relaykit run AGENT "…"`; Ctrl-C stops everything')
         await _wait_for_stop_signal()
         console.print("stopping: the worker finishes calls in flight, then the server stops")
 

@@ -278,12 +278,12 @@ class DevServer:
                 stderr=subprocess.PIPE,
             )
         except OSError as exc:
-            raise DevServerError(
-                f"could not run {command[0]}: {exc}", hint=_INSTALL_HINT
-            ) from exc
+            raise DevServerError(f"could not run {command[0]}: {exc}", hint=_INSTALL_HINT) from exc
         assert self._proc.stderr is not None
         self._stderr_thread = threading.Thread(
-            target=self._drain, args=(self._proc.stderr,), name="temporal-dev-server-stderr",
+            target=self._drain,
+            args=(self._proc.stderr,),
+            name="temporal-dev-server-stderr",
             daemon=True,
         )
         self._stderr_thread.start()
@@ -411,8 +411,9 @@ class DevServer:
         except ValueError as exc:
             where = self.db_path or "the server's namespace"
             raise DevServerError(
-                str(exc), hint=f"the attribute was registered differently in {where}; "
-                "use another data_dir, or delete that file (its runs are lost)"
+                str(exc),
+                hint=f"the attribute was registered differently in {where}; "
+                "use another data_dir, or delete that file (its runs are lost)",
             ) from exc
 
     def _join_stderr(self) -> None:

@@ -120,7 +120,9 @@ async def _runs_of_chain(client: Client, run_id: str) -> tuple[list[Any], Any]:
     while current:
         events = [
             event
-            async for event in client.get_workflow_handle(run_id, run_id=current).fetch_history_events()
+            async for event in client.get_workflow_handle(
+                run_id, run_id=current
+            ).fetch_history_events()
         ]
         histories.append(events)
         started = events[0].workflow_execution_started_event_attributes
@@ -154,9 +156,11 @@ async def read_turns(client: Client, run_id: str) -> RunTurns:
                 calls.append(call)
             elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 attrs = event.activity_task_completed_event_attributes
-                call = by_event.get(attrs.scheduled_event_id)
-                if call is not None:
-                    [call.response] = await convert.decode(attrs.result.payloads, [ModelResponse])
+                answered = by_event.get(attrs.scheduled_event_id)
+                if answered is not None:
+                    [answered.response] = await convert.decode(
+                        attrs.result.payloads, [ModelResponse]
+                    )
     runs = RunTurns(
         first_input=first_input,
         task_queue=description.task_queue or "",
@@ -218,7 +222,9 @@ async def fork_run(
     if cut is None:
         view = runs.turns[at_turn]
         if view.answer is None:
-            why = "its model call is still running" if runs.open else "its model call never finished"
+            why = (
+                "its model call is still running" if runs.open else "its model call never finished"
+            )
         elif runs.open:
             why = "its tool calls are still running (or waiting for approval)"
         else:
@@ -247,7 +253,9 @@ async def fork_run(
     )
     options: dict[str, Any] = {}
     if await _fork_attribute_registered(client):
-        options["search_attributes"] = TypedSearchAttributes([SearchAttributePair(RELAY_FORK_OF, str(origin))])
+        options["search_attributes"] = TypedSearchAttributes(
+            [SearchAttributePair(RELAY_FORK_OF, str(origin))]
+        )
     new_id = id or f"{run_id}-fork{at_turn}-{uuid.uuid4().hex[:6]}"
     handle = await client.start_workflow(
         AGENT_RUN_WORKFLOW,

@@ -37,7 +37,8 @@ def clone_name(agent: Agent) -> str:
 @dataclass
 class AgentGraph:
     """Agents by name, function tools by name, handoffs by tool name (what the worker registers;
-    a handoff with ``on_handoff`` is there under its earlier name too, see ``Handoff.legacy_name``)."""
+    a handoff with ``on_handoff`` is there under its earlier name too, see
+    ``Handoff.legacy_name``)."""
 
     agents: dict[str, Agent] = field(default_factory=dict)
     tools: dict[str, Tool] = field(default_factory=dict)
@@ -57,9 +58,7 @@ class AgentGraph:
     the continue-as-new command's options, which replay does not compare."""
 
     @classmethod
-    def build(
-        cls, roots: Iterable[Agent], *, default_model: ModelSpec | None = None
-    ) -> AgentGraph:
+    def build(cls, roots: Iterable[Agent], *, default_model: ModelSpec | None = None) -> AgentGraph:
         graph = cls(default_model=default_model)
         pending = list(roots)
         if not pending:
@@ -105,6 +104,8 @@ class AgentGraph:
             if isinstance(entry, AgentTool):
                 reached.append(entry.agent)
                 continue
+            if not isinstance(entry, Tool):  # Agent moved its MCP servers out; a later edit may not
+                raise ConfigurationError(f"agent {agent.name!r}: {entry!r} is not a tool")
             if entry.name in RESERVED_NAMES:
                 raise ConfigurationError(f"tool name {entry.name!r} is reserved by relaykit")
             if entry.name in self.handoffs:  # the handoff's agent may have been added first

@@ -35,7 +35,13 @@ def load_agents(target: str) -> list[Agent]:
         if not hasattr(module, attr):
             raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}")
         value = getattr(module, attr)
-        agents = [value] if isinstance(value, Agent) else list(value) if isinstance(value, (list, tuple)) else []
+        agents = (
+            [value]
+            if isinstance(value, Agent)
+            else list(value)
+            if isinstance(value, (list, tuple))
+            else []
+        )
         if not agents or not all(isinstance(a, Agent) for a in agents):
             raise ConfigurationError(f"{target!r} is not an Agent or a list of agents")
         return agents
@@ -55,11 +61,13 @@ def import_failure(module_name: str, exc: BaseException) -> ConfigurationError:
         where = f"{_shown(exc.filename)}, line {exc.lineno}"
         return ConfigurationError(f"cannot import {module_name!r}: {where}: {exc.msg}")
     frames = [
-        frame for frame in traceback.extract_tb(exc.__traceback__)
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
         if not frame.filename.startswith("<")
     ]
     own = [frame for frame in frames if not _is_library(frame.filename)]
-    frame = (own or frames or [None])[-1]
+    shown = own or frames
+    frame = shown[-1] if shown else None
     where = f"{_shown(frame.filename)}, line {frame.lineno}: " if frame is not None else ""
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return ConfigurationError(f"cannot import {module_name!r}: {where}{detail}")
@@ -68,9 +76,13 @@ def import_failure(module_name: str, exc: BaseException) -> ConfigurationError:
 def _is_library(filename: str) -> bool:
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.abspath(filename)
-    return path.startswith(here + os.sep) or "site-packages" in path.split(os.sep) or any(
-        path.startswith(os.path.abspath(prefix) + os.sep + "lib")
-        for prefix in {sys.base_prefix, sys.prefix}
+    return (
+        path.startswith(here + os.sep)
+        or "site-packages" in path.split(os.sep)
+        or any(
+            path.startswith(os.path.abspath(prefix) + os.sep + "lib")
+            for prefix in {sys.base_prefix, sys.prefix}
+        )
     )
 
 

@@ -276,7 +276,9 @@ class MCPToolInfo(CompactModel):
 
     name: str
     description: str = ""
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    input_schema: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
     effect: ToolEffect = "write"
     """Decided when the tool was listed (annotations, then the server's ``effects``); listings
     recorded before tools had effects read as ``"write"``."""
@@ -327,10 +329,10 @@ class MCPToolEntry:
 
 
 __all__ = [
-    "MCPServer",
-    "MCPToolInfo",
-    "MCPListing",
     "MCPCallRequest",
     "MCPListRequest",
+    "MCPListing",
+    "MCPServer",
     "MCPToolEntry",
+    "MCPToolInfo",
 ]

@@ -92,9 +92,7 @@ class Message(CompactModel):
         return cls(role="assistant", content=text, tool_calls=tool_calls or [])
 
     @classmethod
-    def tool_result(
-        cls, call: ToolCall, content: str, *, is_error: bool = False
-    ) -> Message:
+    def tool_result(cls, call: ToolCall, content: str, *, is_error: bool = False) -> Message:
         return cls(
             role="tool",
             content=content,
@@ -128,9 +126,7 @@ class ToolSpec(CompactModel):
 
     name: str
     description: str = ""
-    parameters: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "object", "properties": {}}
-    )
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
 class OutputSpec(CompactModel):

@@ -24,8 +24,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @cli.command
     async def inbox(
-        host: Annotated[str, typer.Option(help="Interface to listen on (loopback unless "
-                                          f"{INBOX_AUTH_ENV} is set)")] = "127.0.0.1",
+        host: Annotated[
+            str,
+            typer.Option(help=f"Interface to listen on (loopback unless {INBOX_AUTH_ENV} is set)"),
+        ] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 8765,
         address: cli.AddressOpt = None,
         namespace: cli.NamespaceOpt = None,
@@ -56,7 +58,9 @@ def register(app: typer.Typer) -> None:
     async def fork(
         run_id: cli.RunIdArg,
         at_turn: Annotated[int, typer.Option("--at-turn", help="Keep turns 1..N of the run")],
-        new_id: Annotated[str | None, typer.Option("--id", help="Workflow id of the new run")] = None,
+        new_id: Annotated[
+            str | None, typer.Option("--id", help="Workflow id of the new run")
+        ] = None,
         text: Annotated[
             str | None, typer.Option("--input", help="A user message after turn N")
         ] = None,
@@ -76,13 +80,13 @@ def register(app: typer.Typer) -> None:
         if not wait:
             return
         description = await handle.workflow.describe()
-        result = await cli._wait_for_result(handle, description.task_queue or cli.DEFAULT_TASK_QUEUE)
+        result = await cli._wait_for_result(
+            handle, description.task_queue or cli.DEFAULT_TASK_QUEUE
+        )
         cli._print_result(result, as_json)
 
 
-async def serve_inbox(
-    *, host: str, port: int, address: str | None, namespace: str | None
-) -> None:
+async def serve_inbox(*, host: str, port: int, address: str | None, namespace: str | None) -> None:
     import socket
 
     from temporalio.service import RPCError
@@ -121,7 +125,9 @@ async def serve_inbox(
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise RelaykitError(f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port") from None
+        raise RelaykitError(
+            f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port"
+        ) from None
     sock.listen(128)  # before the lines below, so whoever waits for them can connect at once
     bound = sock.getsockname()[1]
     url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"

@@ -23,6 +23,7 @@ from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.worker import Replayer
 
 from relaykit import registry
+from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec
@@ -103,7 +104,7 @@ async def replay_check(
     limit: int | None = None,
 ) -> list[ReplayOutcome]:
     """Replay each history against the agents of ``targets``; one outcome per history."""
-    agents = []
+    agents: list[Agent] = []
     for target in targets:
         agents.extend(a for a in load_agents(target) if all(a is not b for b in agents))
     graph = AgentGraph.build(agents, default_model=default_model_from_env() or REPLAY_MODEL)
@@ -124,7 +125,9 @@ async def replay_check(
     if histories is not None:
         items: list[_History] = _file_histories(histories)[:limit]
     else:
-        items = [h async for h in _server_histories(client, query or default_query(task_queue), limit)]
+        items = [
+            h async for h in _server_histories(client, query or default_query(task_queue), limit)
+        ]
     queue = f"replay-{REPLAY_BUILD_ID}"
     registry.register(queue, graph)
     try:
@@ -139,7 +142,9 @@ async def _replay_one(
     history = item.history
     started = _started(history)
     if started is None:
-        return ReplayOutcome(history.workflow_id, item.run_id, "failed", "the history has no start event")
+        return ReplayOutcome(
+            history.workflow_id, item.run_id, "failed", "the history has no start event"
+        )
     agent = await _agent_of(client, started)
     if agent is not None and agent not in graph.agents:
         return ReplayOutcome(

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import builtins
 import dataclasses
 import hashlib
 import json
@@ -59,7 +60,7 @@ import re
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -120,8 +121,10 @@ def check_hex(value: object, length: int) -> str:
 
     Digests arrive in activity inputs that anyone allowed to start a workflow can write, so a
     digest is checked before it becomes part of a key."""
-    if not isinstance(value, str) or len(value) != length or not all(
-        c in "0123456789abcdef" for c in value
+    if (
+        not isinstance(value, str)
+        or len(value) != length
+        or not all(c in "0123456789abcdef" for c in value)
     ):
         raise InvalidKey(f"not a {length}-digit hex digest: {str(value)[:40]!r}")
     return value
@@ -229,7 +232,8 @@ class Store:
         return Store(self.url, codec=codec, offload_threshold=self.offload_threshold)
 
     def __repr__(self) -> str:
-        return f"Store({_redact(self.url)!r}, codec={type(self.codec).__name__ if self.codec else None})"
+        codec = type(self.codec).__name__ if self.codec else None
+        return f"Store({_redact(self.url)!r}, codec={codec})"
 
     @property
     def location(self) -> str:
@@ -264,13 +268,20 @@ class Store:
             raise ConfigurationError(
                 f"unknown store option(s) {', '.join(sorted(unknown))} in {self.location}",
                 hint="credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*); the URL "
-                "takes " + ", ".join(sorted({*_URL_CONFIG.get(parts.scheme, ()), *_CLIENT_OPTIONS})),
+                "takes "
+                + ", ".join(sorted({*_URL_CONFIG.get(parts.scheme, ()), *_CLIENT_OPTIONS})),
             )
         try:
             if parts.scheme == "memory":
                 return from_url("memory:///")
-            return from_url(base, config=config or None, client_options=client_options or None)
-        except BaseException as exc:  # noqa: BLE001 - obstore raises (and panics) its own types
+            # The keys were checked against the scheme's options above; obstore types its config
+            # as one TypedDict per backend, which a dict built from a URL cannot name statically.
+            return from_url(
+                base,
+                config=config or None,  # type: ignore[arg-type]
+                client_options=client_options or None,  # type: ignore[arg-type]
+            )
+        except BaseException as exc:  # obstore raises (and panics) its own types
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise ConfigurationError(
@@ -318,9 +329,7 @@ class Store:
                 data = await self._put_blobs(folder, parts, encode=encode)
         await self._put_object(key, data, encode=encode)
 
-    async def _put_blobs(
-        self, folder: str, parts: list[bytes | Blob], *, encode: bool
-    ) -> bytes:
+    async def _put_blobs(self, folder: str, parts: list[bytes | Blob], *, encode: bool) -> bytes:
         """Store the blobs of ``parts`` (each once) and return the manifest that stands for them."""
         header: list[list[int | str]] = []
         inline: list[bytes] = []
@@ -396,7 +405,7 @@ class Store:
         blobs = await asyncio.gather(
             *(self._get_object(f"{folder}blobs/{check_hex(d, 64)}", decode=True) for d in digests)
         )
-        found = dict(zip(digests, blobs))
+        found = dict(zip(digests, blobs, strict=True))
         out: list[bytes] = []
         offset = 8 + size
         for entry in header:
@@ -442,7 +451,7 @@ class Store:
             for meta in chunk:
                 yield StoredObject(meta["path"], meta["size"], meta["last_modified"])
 
-    async def folders(self, prefix: str) -> list[str]:
+    async def folders(self, prefix: str) -> builtins.list[str]:  # `list` here is Store.list
         """Names of the folders directly under ``prefix``."""
         if self.directory is not None and not (self.directory / prefix).exists():
             return []
@@ -576,7 +585,7 @@ class StoreDriver(StorageDriver):
     def type(self) -> str:
         return "relaykit.StoreDriver"
 
-    async def store(  # type: ignore[override]
+    async def store(
         self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
     ) -> list[StorageDriverClaim]:
         target = context.target
@@ -606,7 +615,7 @@ class StoreDriver(StorageDriver):
                 return
         await self.target.put(key, data, encode=False)
 
-    async def retrieve(  # type: ignore[override]
+    async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
         return list(await asyncio.gather(*(self._retrieve(claim) for claim in claims)))
@@ -719,7 +728,7 @@ async def collect_garbage(
     from temporalio.service import RPCError, RPCStatusCode
 
     retention = retention_from_env() if retention is None else retention
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     report = GcReport()
     for scope in await store.folders(f"{RUNS_PREFIX}/"):
         run_id = run_id_of_scope(scope)
@@ -737,7 +746,9 @@ async def collect_garbage(
                 if closed_at is None:
                     report.kept[label] = "running"
                     continue
-            query = f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
+            query = (
+                f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
+            )
             try:
                 running_child = [w async for w in client.list_workflows(query, limit=1)]
             except RPCError:

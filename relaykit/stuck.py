@@ -52,7 +52,9 @@ async def stuck(client: Client, workflow_id: str, run_id: str | None = None) -> 
     if attempts < STUCK_ATTEMPTS:
         return None
     execution_run = description.run_id
-    return StuckRun(workflow_id, execution_run, attempts, await _cause(client, workflow_id, execution_run))
+    return StuckRun(
+        workflow_id, execution_run, attempts, await _cause(client, workflow_id, execution_run)
+    )
 
 
 async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
@@ -94,7 +96,9 @@ def first_line(failure: str) -> str:
     return (failure.strip().splitlines() or ["replay failed"])[0]
 
 
-async def find_stuck(client: Client, workflow_ids: Iterable[str], *, concurrency: int = 16) -> dict[str, StuckRun]:
+async def find_stuck(
+    client: Client, workflow_ids: Iterable[str], *, concurrency: int = 16
+) -> dict[str, StuckRun]:
     """Which of these runs are wedged, described a few at a time."""
     gate = asyncio.Semaphore(concurrency)
 

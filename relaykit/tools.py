@@ -307,7 +307,9 @@ class _Beats:
     progress a tool reported, so every automatic beat repeats the last progress (from this
     attempt, else from the previous one)."""
 
-    def __init__(self, interval: float | None, progress: tuple[Any, ...], guard: Any = None) -> None:
+    def __init__(
+        self, interval: float | None, progress: tuple[Any, ...], guard: Any = None
+    ) -> None:
         self.interval = interval
         self.progress = progress
         self.guard = guard
@@ -366,9 +368,11 @@ class _Beats:
             yield
             return
 
+        interval = self.interval
+
         async def loop() -> None:
             while True:
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(interval)
                 self.send()
 
         task = asyncio.create_task(loop())
@@ -472,7 +476,7 @@ def _build_args_model(
     signature = inspect.signature(fn)
     try:
         hints = get_type_hints(fn, include_extras=True)  # keep Annotated[..., Field(...)] bounds
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ConfigurationError(
             f"cannot resolve the type hints of tool {name!r}: {exc}",
             hint="define the types the signature uses at module level",
@@ -491,9 +495,7 @@ def _build_args_model(
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
-    model = create_model(  # type: ignore[call-overload]
-        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     return model, context_param
 
 

@@ -188,7 +188,8 @@ class TranscriptStore:
             parent = node["parent"]
             ahead = [parent, *node.get("ancestors", [])] if parent is not None else []
             wanted = [
-                d for d in ahead
+                d
+                for d in ahead
                 if isinstance(d, str) and d not in nodes and f"{scope}/{d}" not in self._cache
             ]
             if len(wanted) > 1 and parent not in nodes:

@@ -102,7 +102,9 @@ class DeploymentStatus:
         }
 
 
-async def deployment_status(client: Client, deployment: str, *, limit: int = 10_000) -> DeploymentStatus:
+async def deployment_status(
+    client: Client, deployment: str, *, limit: int = 10_000
+) -> DeploymentStatus:
     """The builds of ``deployment``, which is current, and how many ``AgentRun`` executions are
     open on each, so an operator knows when an old build's workers may stop."""
     from temporalio.api.enums.v1 import WorkerDeploymentVersionStatus
@@ -136,7 +138,9 @@ def run_build(execution: WorkflowExecution) -> tuple[str, str] | None:
     ``None`` when unversioned workers serve it. Visibility records carry it as Temporal's
     ``TemporalWorkerDeploymentVersion`` search attribute (``"<deployment>:<build id>"``),
     descriptions in their versioning info."""
-    version = getattr(getattr(execution.raw_info, "versioning_info", None), "deployment_version", None)
+    version = getattr(
+        getattr(execution.raw_info, "versioning_info", None), "deployment_version", None
+    )
     if version is not None and version.build_id:
         return version.deployment_name, version.build_id
     values = execution.search_attributes.get(VERSION_SEARCH_ATTRIBUTE) or []

@@ -29,10 +29,10 @@ from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.search_attributes import registered as search_attributes_registered
 from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
-from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors
 from relaykit.tools import MAX_OFFLOADED_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES
-from relaykit.versioning import deployment_config
+from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors
 from relaykit.transcripts import TranscriptStore
+from relaykit.versioning import deployment_config
 from relaykit.workflows.agent_run import AgentRun
 
 DEFAULT_TASK_QUEUE = "relaykit"
@@ -200,7 +200,8 @@ class Worker:
         executor = self._tool_executor
         activities: list[Any] = [self._model_activities.model_call, deliver_report]
         activities.extend(
-            tool_activity(t, executor, self.max_tool_result_bytes) for t in self.graph.tools.values()
+            tool_activity(t, executor, self.max_tool_result_bytes)
+            for t in self.graph.tools.values()
         )
         activities.extend(
             handoff_activity(h, executor, name=name)

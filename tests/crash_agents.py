@@ -28,7 +28,6 @@ from pathlib import Path
 
 from temporalio import activity
 from temporalio.common import RetryPolicy
-
 from temporalio.exceptions import ApplicationError
 
 from relaykit import Agent, ModelSpec, ToolContext, tool
@@ -190,7 +189,14 @@ crash_agent = Agent(
         timeout_seconds=30,
     ),
     tools=[
-        quick, slow_step, refund, steady, until_released, slow_put, slow_charge,
-        slow_charge_asked, flaky_write,
+        quick,
+        slow_step,
+        refund,
+        steady,
+        until_released,
+        slow_put,
+        slow_charge,
+        slow_charge_asked,
+        flaky_write,
     ],
 )

@@ -28,7 +28,6 @@ docs = MCPServer.stdio(
 )
 
 
-
 @tool
 def kill_docs_server() -> str:
     """SIGKILL the docs server process that answered last (as a crash would)."""

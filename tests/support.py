@@ -16,7 +16,6 @@ from temporalio.client import Client, WorkflowHandle
 from relaykit import Agent, ModelSpec, Worker
 from relaykit.testing.scripted_server import ScriptedModelServer
 
-
 _transcript_dir: list[str] = []
 
 
@@ -76,6 +75,9 @@ async def scheduled_activities(handle: WorkflowHandle[Any, Any]) -> list[str]:
 async def activity_summaries(handle: WorkflowHandle[Any, Any], client: Client) -> list[str]:
     summaries = []
     for e in await history_events(handle):
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and e.user_metadata.HasField("summary"):
+        if (
+            e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.user_metadata.HasField("summary")
+        ):
             summaries.append(await client.data_converter.decode([e.user_metadata.summary]))
     return [s[0] for s in summaries]

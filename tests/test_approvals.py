@@ -135,7 +135,10 @@ async def test_call_needing_approval_waits_while_earlier_calls_of_the_turn_compl
     tool_results = [m.content for m in result.transcript if m.role == "tool"]
     assert tool_results == ["A1: paid 30", "refunded 30 for A1"]
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "lookup", "refund", "relaykit.model_call",
+        "relaykit.model_call",
+        "lookup",
+        "refund",
+        "relaykit.model_call",
     ]
 
 
@@ -176,7 +179,9 @@ async def test_approval_predicate_on_arguments_and_rejection_reason_reaches_the_
     rejected = [m for m in result.transcript if m.role == "tool"][1]
     assert rejected.is_error and "over the daily limit" in rejected.content
     assert answered[0].data == {
-        "call_id": "call_big", "approved": False, "reason": "over the daily limit",
+        "call_id": "call_big",
+        "approved": False,
+        "reason": "over the daily limit",
         "timed_out": False,
     }
 
@@ -210,8 +215,10 @@ async def test_approve_update_rejects_unknown_and_already_answered_call_ids(
         result = await handle.result()
     assert result.output == "done" and refunds == ["B2:5"]
     kinds = [
-        e.event_type for e in await history_events(handle.workflow)
-        if e.event_type in (
+        e.event_type
+        for e in await history_events(handle.workflow)
+        if e.event_type
+        in (
             EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
             EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_REJECTED,
         )
@@ -462,7 +469,10 @@ async def test_queries_report_status_agent_approvals_usage_and_turns(
         await handle.result()
         done = await handle.state()  # a closed run's query replays its history on the worker
     assert (done.status, done.turn, done.usage.requests, done.agent) == (
-        "completed", 2, 2, "observed",
+        "completed",
+        2,
+        2,
+        "observed",
     )
 
 
@@ -475,8 +485,11 @@ async def run_command(*argv: str, address: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1")
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=REPO_ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *argv,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode is not None
@@ -530,7 +543,7 @@ async def test_relaykit_pending_and_approve_commands(
     assert code == 1 and err.strip().startswith("error: no run with id 'no-such-run'")
     assert len(err.strip().splitlines()) == 1
     assert refunds == []
-    assert "not today" in [m for m in result.transcript if m.role == "tool"][0].content
+    assert "not today" in next(m for m in result.transcript if m.role == "tool").content
 
 
 async def test_temporal_cli_approves_by_update_and_by_signal(
@@ -562,17 +575,36 @@ async def test_temporal_cli_approves_by_update_and_by_signal(
         await waiting_for_approval(handle, 2)
         code, _, err = await run_command(
             *temporal_cli(
-                "workflow", "update", "execute", "--address", address, "--workflow-id", handle.id,
-                "--name", "approve", "--input", '{"call_id": "call_nope", "approved": true}',
+                "workflow",
+                "update",
+                "execute",
+                "--address",
+                address,
+                "--workflow-id",
+                handle.id,
+                "--name",
+                "approve",
+                "--input",
+                '{"call_id": "call_nope", "approved": true}',
             ),
             address=address,
         )
         assert code != 0 and "no pending approval with call id 'call_nope'" in err
         code, out, err = await run_command(
             *temporal_cli(
-                "workflow", "update", "execute", "--address", address, "--workflow-id", handle.id,
-                "--name", "approve", "--input", '{"call_id": "call_upd", "approved": true}',
-                "--output", "json",
+                "workflow",
+                "update",
+                "execute",
+                "--address",
+                address,
+                "--workflow-id",
+                handle.id,
+                "--name",
+                "approve",
+                "--input",
+                '{"call_id": "call_upd", "approved": true}',
+                "--output",
+                "json",
             ),
             address=address,
         )
@@ -581,9 +613,16 @@ async def test_temporal_cli_approves_by_update_and_by_signal(
         assert (answered["call_id"], answered["tool"]) == ("call_upd", "refund")
         code, out, err = await run_command(
             *temporal_cli(
-                "workflow", "signal", "--address", address, "--workflow-id", handle.id,
-                "--name", "approve_signal",
-                "--input", '{"call_id": "call_sig", "approved": false, "reason": "duplicate"}',
+                "workflow",
+                "signal",
+                "--address",
+                address,
+                "--workflow-id",
+                handle.id,
+                "--name",
+                "approve_signal",
+                "--input",
+                '{"call_id": "call_sig", "approved": false, "reason": "duplicate"}',
             ),
             address=address,
         )
@@ -635,7 +674,10 @@ async def test_http_backend_starts_continues_and_answers_approvals_without_keepi
         base = f"http://127.0.0.1:{server.server_address[1]}"
         try:
             status, body = await asyncio.to_thread(
-                http, base, "POST", f"/conversations/{conversation}/messages",
+                http,
+                base,
+                "POST",
+                f"/conversations/{conversation}/messages",
                 {"text": "Refund order A-1001, the jacket leaks."},
             )
             assert status == 200, body
@@ -645,13 +687,19 @@ async def test_http_backend_starts_continues_and_answers_approvals_without_keepi
             assert body["pending_approvals"][0]["tool"] == "issue_refund"
 
             status, body = await asyncio.to_thread(
-                http, base, "POST", f"/conversations/{conversation}/approvals/call_other",
+                http,
+                base,
+                "POST",
+                f"/conversations/{conversation}/approvals/call_other",
                 {"approved": True},
             )
             assert status == 409 and "no pending approval" in body["error"]
 
             status, body = await asyncio.to_thread(
-                http, base, "POST", f"/conversations/{conversation}/approvals/call_refund",
+                http,
+                base,
+                "POST",
+                f"/conversations/{conversation}/approvals/call_refund",
                 {"approved": True},
             )
             assert status == 200, body
@@ -679,12 +727,16 @@ async def test_http_backend_starts_continues_and_answers_approvals_without_keepi
             server.server_close()
     follow_up = model_server.requests(model.name)[3]
     assert [m["role"] for m in follow_up.messages if m["role"] != "system"] == [
-        "user", "assistant", "tool", "assistant", "tool", "assistant", "user",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
     ]
     assert follow_up.last_user_text == "Thanks!"
-    runs = [
-        w async for w in client.list_workflows(f"WorkflowId = 'chat-{conversation}'")
-    ]
+    runs = [w async for w in client.list_workflows(f"WorkflowId = 'chat-{conversation}'")]
     assert len(runs) == 2  # one run per answered message, under the conversation's id
 
 
@@ -711,7 +763,9 @@ async def test_http_backend_queues_a_message_into_the_running_conversation(
         second = await backend.send_message(conversation, "Also, please hurry.")
         assert second["status"] == "waiting_approval" and second["run_id"] == first["run_id"]
         status, body = await approvals.handle_request(
-            backend, "POST", f"/conversations/{conversation}/approvals/call_r2",
+            backend,
+            "POST",
+            f"/conversations/{conversation}/approvals/call_r2",
             {"approved": True},
         )
     assert (status, body["status"], body["answer"]) == (200, "completed", "Refunded, and noted.")

@@ -21,11 +21,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from relaykit import Agent, Handoff, RunHandle, start_run, tool
-from relaykit import registry
+from relaykit import Agent, Handoff, RunHandle, registry, start_run, tool
 from relaykit.graph import AgentGraph
-from relaykit.model_output import check_calls
 from relaykit.messages import Message, ToolCall
+from relaykit.model_output import check_calls
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
@@ -80,7 +79,12 @@ async def workflow_task_failures(handle: RunHandle) -> int:
 
 def sent_calls(request: Any) -> list[dict[str, Any]]:
     """The assistant tool calls an OpenAI-shaped request sends back, in order."""
-    return [c for m in request.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    return [
+        c
+        for m in request.messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+    ]
 
 
 # --- call ids -----------------------------------------------------------------------------------
@@ -99,12 +103,15 @@ def test_call_ids_become_unique_and_safe_within_a_turn_and_arguments_json_object
         ]
     )
     checked = check_calls(message, turn=3)
-    assert check_calls(message, turn=3, run_key="run-a").calls[1].id != check_calls(
-        message, turn=3, run_key="run-b"
-    ).calls[1].id
+    assert (
+        check_calls(message, turn=3, run_key="run-a").calls[1].id
+        != check_calls(message, turn=3, run_key="run-b").calls[1].id
+    )
     ids = [c.id for c in checked.calls]
     assert ids[0] == "dup" and len(set(ids)) == len(ids)
-    assert all(c.id == r.id for c, r in zip(checked.calls, checked.recorded.tool_calls))
+    assert all(
+        c.id == r.id for c, r in zip(checked.calls, checked.recorded.tool_calls, strict=True)
+    )
     assert [c.arguments for c in checked.calls] == [c.arguments for c in message.tool_calls]
     recorded = [json.loads(c.arguments) for c in checked.recorded.tool_calls]
     assert all(isinstance(r, dict) for r in recorded)
@@ -124,13 +131,16 @@ async def test_two_calls_with_one_id_both_needing_approval_are_answered_one_by_o
     # turn, and the transcript sent back pairs each call with its own result.
     refunds: list[str] = []
     model = scripted_model(model_server)
-    model_server.script(model.name, [
-        batch(
-            call("refund", id="call_same", order_id="A1", amount=1),
-            call("refund", id="call_same", order_id="B2", amount=2),
-        ),
-        text("done"),
-    ])
+    model_server.script(
+        model.name,
+        [
+            batch(
+                call("refund", id="call_same", order_id="A1", amount=1),
+                call("refund", id="call_same", order_id="B2", amount=2),
+            ),
+            text("done"),
+        ],
+    )
     agent = Agent(name="dup_ids", model=model, tools=[make_refund(refunds)])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "refund both", task_queue=worker.task_queue)
@@ -161,10 +171,13 @@ async def test_empty_and_non_ascii_call_ids_get_ids_every_provider_accepts(
 ) -> None:
     seen: list[str] = []
     model = scripted_model(model_server, provider="anthropic")
-    model_server.script(model.name, [
-        batch(call("notify", id="", order_id="A1"), call("notify", id="呼叫 1", order_id="B2")),
-        text("told them"),
-    ])
+    model_server.script(
+        model.name,
+        [
+            batch(call("notify", id="", order_id="A1"), call("notify", id="呼叫 1", order_id="B2")),
+            text("told them"),
+        ],
+    )
     agent = Agent(name="odd_ids", model=model, tools=[make_notify(seen)])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "notify", task_queue=worker.task_queue)
@@ -174,8 +187,13 @@ async def test_empty_and_non_ascii_call_ids_get_ids_every_provider_accepts(
     ids = [c.id for c in assistant.tool_calls]
     assert [re.sub(r"^rk_[0-9a-f]{6}_", "rk_", i) for i in ids] == ["rk_1_0", "rk_1_1"]
     second = model_server.requests(model.name)[1]
-    uses = [b["id"] for m in second.messages if isinstance(m["content"], list)
-            for b in m["content"] if b.get("type") == "tool_use"]
+    uses = [
+        b["id"]
+        for m in second.messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_use"
+    ]
     assert uses == ids
 
 
@@ -187,22 +205,28 @@ async def test_arguments_that_are_not_a_json_object_get_an_error_and_go_back_as_
 ) -> None:
     seen: list[str] = []
     model = scripted_model(model_server)
-    model_server.script(model.name, [
-        batch(
-            call("notify", raw_arguments='{"order_id": "A1"'),
-            call("notify", raw_arguments='["A1"]'),
-            call("notify", raw_arguments='{"order_id": NaN}'),
-        ),
-        call("notify", order_id="A1"),
-        text("told them"),
-    ])
+    model_server.script(
+        model.name,
+        [
+            batch(
+                call("notify", raw_arguments='{"order_id": "A1"'),
+                call("notify", raw_arguments='["A1"]'),
+                call("notify", raw_arguments='{"order_id": NaN}'),
+            ),
+            call("notify", order_id="A1"),
+            text("told them"),
+        ],
+    )
     agent = Agent(name="bad_json", model=model, tools=[make_notify(seen)])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "notify", task_queue=worker.task_queue)
         result = await finished(handle)
     assert result.output == "told them" and seen == ["notify A1"]
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "relaykit.model_call", "notify", "relaykit.model_call",
+        "relaykit.model_call",
+        "relaykit.model_call",
+        "notify",
+        "relaykit.model_call",
     ]
     second = model_server.requests(model.name)[1]
     sent = [json.loads(c["function"]["arguments"]) for c in sent_calls(second)]
@@ -271,15 +295,25 @@ async def test_handoff_whose_arguments_are_not_a_json_object_does_not_switch_age
     audited: list[str] = []
     billing = Agent(name="billing_b", model=scripted_model(model_server))
     triage_model = scripted_model(model_server)
-    triage = Agent(name="triage_b", model=triage_model, handoffs=[
-        Handoff(billing, name="transfer_to_billing",
-                on_handoff=lambda args, data: audited.append(str(args.reason))),
-    ])
-    model_server.script(triage_model.name, [
-        call("transfer_to_billing", raw_arguments='{"reason": "double charge"'),
-        call("transfer_to_billing", raw_arguments='["double charge"]'),
-        text("I will handle it myself."),
-    ])
+    triage = Agent(
+        name="triage_b",
+        model=triage_model,
+        handoffs=[
+            Handoff(
+                billing,
+                name="transfer_to_billing",
+                on_handoff=lambda args, data: audited.append(str(args.reason)),
+            ),
+        ],
+    )
+    model_server.script(
+        triage_model.name,
+        [
+            call("transfer_to_billing", raw_arguments='{"reason": "double charge"'),
+            call("transfer_to_billing", raw_arguments='["double charge"]'),
+            text("I will handle it myself."),
+        ],
+    )
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
         result = await finished(handle)
@@ -360,22 +394,29 @@ async def test_calls_after_an_approval_wait_for_its_decision_and_run_even_after_
         return "paid"
 
     model = scripted_model(model_server)
-    model_server.script(model.name, [
-        batch(
-            call("look_up", order_id="A1"),
-            call("refund", id="call_r", order_id="A1", amount=3),
-            call("notify", order_id="A1"),
-        ),
-        text("done"),
-    ])
-    agent = Agent(name="ordered", model=model, tools=[look_up, make_refund(done), make_notify(done)])
+    model_server.script(
+        model.name,
+        [
+            batch(
+                call("look_up", order_id="A1"),
+                call("refund", id="call_r", order_id="A1", amount=3),
+                call("notify", order_id="A1"),
+            ),
+            text("done"),
+        ],
+    )
+    agent = Agent(
+        name="ordered", model=model, tools=[look_up, make_refund(done), make_notify(done)]
+    )
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "refund and tell", task_queue=worker.task_queue)
         await waiting_for_approval(handle)
         assert await asyncio.to_thread(started.wait, 10)  # the earlier call ran meanwhile
 
         async def look_up_done() -> bool:
-            return "look_up" in await scheduled_activities(handle.workflow) and done == ["look_up A1"]
+            return "look_up" in await scheduled_activities(handle.workflow) and done == [
+                "look_up A1"
+            ]
 
         await eventually(look_up_done, "the look-up to finish")
         assert "notify" not in await scheduled_activities(handle.workflow)
@@ -383,10 +424,15 @@ async def test_calls_after_an_approval_wait_for_its_decision_and_run_even_after_
         result = await finished(handle)
     assert done == ["look_up A1", "notify A1"]
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "look_up", "notify", "relaykit.model_call",
+        "relaykit.model_call",
+        "look_up",
+        "notify",
+        "relaykit.model_call",
     ]
     assert [m.content for m in result.transcript if m.role == "tool"] == [
-        "paid", "The call was rejected by a person: not yet.", "notified about A1",
+        "paid",
+        "The call was rejected by a person: not yet.",
+        "notified about A1",
     ]
 
 
@@ -395,12 +441,21 @@ async def test_parallel_approval_order_runs_later_calls_at_once(
 ) -> None:
     done: list[str] = []
     model = scripted_model(model_server)
-    model_server.script(model.name, [
-        batch(call("refund", id="call_r", order_id="A1", amount=3), call("notify", order_id="A1")),
-        text("done"),
-    ])
-    agent = Agent(name="parallel_order", model=model, tools=[make_refund(done), make_notify(done)],
-                  approval_order="parallel")
+    model_server.script(
+        model.name,
+        [
+            batch(
+                call("refund", id="call_r", order_id="A1", amount=3), call("notify", order_id="A1")
+            ),
+            text("done"),
+        ],
+    )
+    agent = Agent(
+        name="parallel_order",
+        model=model,
+        tools=[make_refund(done), make_notify(done)],
+        approval_order="parallel",
+    )
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "refund and tell", task_queue=worker.task_queue)
         await waiting_for_approval(handle)
@@ -441,22 +496,30 @@ async def test_a_run_replays_on_a_worker_configured_the_other_way(
     for recorded_on in (True, False):
         refunds: list[str] = []
         model = scripted_model(model_server)
-        model_server.script(model.name, [
-            call("refund", id="call_r", order_id="A1", amount=3), text("refunded"),
-        ])
-        agent = Agent(name=f"setup_{recorded_on}".lower(), model=model, tools=[make_refund(refunds)])
-        async with serving(client, agent, search_attributes=recorded_on,
-                           event_groups=recorded_on) as worker:
+        model_server.script(
+            model.name,
+            [
+                call("refund", id="call_r", order_id="A1", amount=3),
+                text("refunded"),
+            ],
+        )
+        agent = Agent(
+            name=f"setup_{recorded_on}".lower(), model=model, tools=[make_refund(refunds)]
+        )
+        async with serving(
+            client, agent, search_attributes=recorded_on, event_groups=recorded_on
+        ) as worker:
             handle = await start_run(client, agent, "refund", task_queue=worker.task_queue)
             await waiting_for_approval(handle)
             await handle.approve("call_r")
             await finished(handle)
         history = await handle.workflow.fetch_history()
         upserts = [
-            e for e in history.events
+            e
+            for e in history.events
             if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
-            and "RelayStatus" in e.upsert_workflow_search_attributes_event_attributes
-            .search_attributes.indexed_fields
+            and "RelayStatus"
+            in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
         ]
         assert bool(upserts) == recorded_on
         other = AgentGraph.build([agent])

@@ -85,7 +85,9 @@ json_values = st.recursive(
 raw_arguments = st.one_of(
     st.builds(
         json.dumps,
-        st.dictionaries(st.sampled_from(["text", "n", "reason", "extra", ""]), json_values, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["text", "n", "reason", "extra", ""]), json_values, max_size=3
+        ),
     ),
     st.builds(json.dumps, json_values),
     st.text(max_size=40),
@@ -99,7 +101,9 @@ call_ids = st.one_of(
     st.just("x" * 500),
     st.from_regex(r"call_[a-z0-9]{6}", fullmatch=True),
 )
-turns = st.lists(st.tuples(st.sampled_from(TOOL_NAMES), call_ids, raw_arguments), min_size=1, max_size=4)
+turns = st.lists(
+    st.tuples(st.sampled_from(TOOL_NAMES), call_ids, raw_arguments), min_size=1, max_size=4
+)
 
 
 class Setup:
@@ -125,7 +129,9 @@ async def setup(client: Client, model_server: ScriptedModelServer) -> AsyncItera
         tools=[echo, guarded],
         handoffs=[
             Handoff(target, name="transfer_to_target"),
-            Handoff(other, name="transfer_to_other", on_handoff=lambda a, d: audited.append(d.target)),
+            Handoff(
+                other, name="transfer_to_other", on_handoff=lambda a, d: audited.append(d.target)
+            ),
         ],
     )
     async with serving(client, agent) as worker:

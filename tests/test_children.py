@@ -43,7 +43,9 @@ async def test_agent_as_tool_runs_a_child_workflow_that_sees_only_its_prompt(
     summarizer = Agent(name="summarizer", instructions="Summarise.", model=child_model)
     manager = Agent(name="manager", model=parent_model, tools=[summarizer.as_tool()])
     async with serving(client, manager) as worker:
-        handle = await start_run(client, manager, "secret parent context", task_queue=worker.task_queue)
+        handle = await start_run(
+            client, manager, "secret parent context", task_queue=worker.task_queue
+        )
         result = await handle.result()
     assert result.output == "Here it is."
     child_request = model_server.requests(child_model.name)[0]
@@ -52,7 +54,8 @@ async def test_agent_as_tool_runs_a_child_workflow_that_sees_only_its_prompt(
     assert [m.content for m in result.transcript if m.role == "tool"] == ["five bullet points"]
     assert result.usage.requests == 3  # two parent calls + one child call
     child_started = [
-        e for e in await history_events(handle.workflow)
+        e
+        for e in await history_events(handle.workflow)
         if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
     ]
     assert len(child_started) == 1
@@ -149,13 +152,17 @@ async def test_parent_spawns_three_subagents_keeps_working_and_gets_reports_at_t
     model_server.respond(researcher_model.name, _researcher_responder(gates))  # type: ignore[arg-type]
     researcher = Agent(name="researcher", model=researcher_model)
     lead = Agent(
-        name="lead", model=lead_model, tools=[note], subagents=Subagents([researcher], max_concurrent=3)
+        name="lead",
+        model=lead_model,
+        tools=[note],
+        subagents=Subagents([researcher], max_concurrent=3),
     )
     seen_reports: list[list[str]] = []
 
     def lead_respond(request: ScriptedRequest) -> Step:
         reports = [
-            m["content"] for m in request.messages
+            m["content"]
+            for m in request.messages
             if m["role"] == "user" and "Background task report" in str(m["content"])
         ]
         seen_reports.append(reports)
@@ -175,7 +182,9 @@ async def test_parent_spawns_three_subagents_keeps_working_and_gets_reports_at_t
 
     model_server.respond(lead_model.name, lead_respond)
     async with serving(client, lead) as worker:
-        handle = await start_run(client, lead, "research three things", task_queue=worker.task_queue)
+        handle = await start_run(
+            client, lead, "research three things", task_queue=worker.task_queue
+        )
         result = await asyncio.wait_for(handle.result(), timeout=60)
     tool_results = [m for m in result.transcript if m.role == "tool"]
     assert [json.loads(m.content)["id"] for m in tool_results[:3]] == ["task-1", "task-2", "task-3"]
@@ -260,7 +269,9 @@ async def test_subagents_without_agents_clone_the_current_agent_without_spawning
     async with serving(client, lead) as worker:
         result = await (await start_run(client, lead, "go", task_queue=worker.task_queue)).result()
     assert result.output == "lead done"
-    clone_requests = [r for r in model_server.requests(model.name) if "spawn_subagent" not in r.tool_names]
+    clone_requests = [
+        r for r in model_server.requests(model.name) if "spawn_subagent" not in r.tool_names
+    ]
     assert clone_requests and clone_requests[0].tool_names == ["note"]
 
 
@@ -274,7 +285,7 @@ async def test_detached_subagent_outlives_its_parent_and_delivers_its_report(
     arrived = threading.Event()
 
     class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
             self.send_response(204)
             self.end_headers()
@@ -289,11 +300,14 @@ async def test_detached_subagent_outlives_its_parent_and_delivers_its_report(
     researcher_model = scripted_model(model_server)
     lead_model = scripted_model(model_server)
     model_server.respond(researcher_model.name, lambda req: text("late findings", hold=hold))
-    model_server.script(lead_model.name, [call("spawn_subagent", prompt="dig"), text("parent done")])
+    model_server.script(
+        lead_model.name, [call("spawn_subagent", prompt="dig"), text("parent done")]
+    )
     researcher = Agent(name="researcher", model=researcher_model)
     url = f"http://127.0.0.1:{server.server_address[1]}/reports"
     lead = Agent(
-        name="lead", model=lead_model,
+        name="lead",
+        model=lead_model,
         subagents=Subagents([researcher], detached=True, deliver_url=url),
     )
     try:
@@ -328,7 +342,9 @@ async def test_approval_inside_an_agent_tool_child_is_answered_through_the_paren
     child_model = scripted_model(model_server)
     parent_model = scripted_model(model_server)
     model_server.script(child_model.name, [call("refund", amount=30), text("refund done")])
-    model_server.script(parent_model.name, [call("ask_billing", input="refund 30"), text("all set")])
+    model_server.script(
+        parent_model.name, [call("ask_billing", input="refund 30"), text("all set")]
+    )
     billing = Agent(name="billing", model=child_model, tools=[refund])
     front = Agent(name="front", model=parent_model, tools=[billing.as_tool()])
     async with serving(client, front) as worker:
@@ -391,7 +407,9 @@ async def test_research_example_runs_subagents_and_an_agent_tool_end_to_end(
     assert result.output.startswith("Comparison:")
     assert "replay it and continue" in result.output and "broker" in result.output
     assert kinds.count("subagent_started") == 2
-    assert any(m.name == "ask_editor" and m.content.startswith("Edited:") for m in result.transcript)
+    assert any(
+        m.name == "ask_editor" and m.content.startswith("Edited:") for m in result.transcript
+    )
 
 
 async def test_send_to_subagent_steers_a_running_task(
@@ -415,7 +433,9 @@ async def test_send_to_subagent_steers_a_running_task(
         if request.index == 0:
             return call("spawn_subagent", prompt="start")
         if request.index == 1:
-            return call("send_to_subagent", raw_arguments='{"id": "task-1", "message": "focus on B"}')
+            return call(
+                "send_to_subagent", raw_arguments='{"id": "task-1", "message": "focus on B"}'
+            )
         if request.index == 2:
             gate.set()
             return call("wait_subagents", timeout_seconds=30)

@@ -26,11 +26,17 @@ from relaykit.errors import RelaykitError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def relaykit(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def relaykit(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "relaykit.cli", *args],
-        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -45,14 +51,23 @@ def test_demo_runs_a_multi_step_run_on_the_embedded_server(tmp_path: Path) -> No
     # it, shows the tool calls, the answer and the run's Temporal UI link.
     port, ui_port = free_port(), free_port()
     done = relaykit(
-        "demo", "--exit", "--port", str(port), "--ui-port", str(ui_port), "--data-dir", str(tmp_path),
+        "demo",
+        "--exit",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--data-dir",
+        str(tmp_path),
         env={"RELAYKIT_MODEL": "scripted"},
     )
     assert done.returncode == 0, done.stderr
     assert "scripted stand-in model" in done.stderr
     assert "ran get_weather" in done.stderr and "ran convert_currency" in done.stderr
     assert "500.00 EUR = 81967.21 JPY" in done.stdout
-    assert f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/travel_assistant-" in done.stdout
+    assert (
+        f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/travel_assistant-" in done.stdout
+    )
     assert (tmp_path / "temporal.db").exists()
 
 
@@ -69,7 +84,9 @@ def test_unreachable_server_gives_one_clear_line() -> None:
     done = relaykit("run", "triage", "hi", env={"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"})
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the Temporal server at 127.0.0.1:")
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: cannot reach the Temporal server at 127.0.0.1:"
+    )
     assert "relaykit dev" in lines[0]
 
 
@@ -80,7 +97,11 @@ def test_run_of_an_agent_no_worker_serves_fails_with_the_known_agents(
     env = {"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "openai:unused"}
     worker = subprocess.Popen(
         [sys.executable, "-m", "relaykit.cli", "worker", "examples.demo", "--task-queue", "cli-tq"],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         done = relaykit("run", "nobody", "hi", "--task-queue", "cli-tq", "--wait", env=env)
@@ -146,8 +167,13 @@ class Lines:
 def popen(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.Popen[str]:
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
     return subprocess.Popen(
-        [sys.executable, *args], cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, *args],
+        cwd=cwd,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -163,14 +189,27 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def worker_process(
-    temporal_server: DevServer, *targets: str, task_queue: str, tmp_path: Path,
-    env: dict[str, str] | None = None, cwd: Path = ROOT,
+    temporal_server: DevServer,
+    *targets: str,
+    task_queue: str,
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> Iterator[Lines]:
     """`relaykit worker TARGETS` with the scripted stand-in model, until the block ends."""
     proc = popen(
-        "-m", "relaykit.cli", "worker", *targets, "--task-queue", task_queue,
-        env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
-             "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"), **(env or {})},
+        "-m",
+        "relaykit.cli",
+        "worker",
+        *targets,
+        "--task-queue",
+        task_queue,
+        env={
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "RELAYKIT_MODEL": "scripted",
+            "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"),
+            **(env or {}),
+        },
         cwd=cwd,
     )
     lines = Lines(proc.stderr)
@@ -229,25 +268,45 @@ def test_worker_py_serves_every_example_with_the_models_scripted_stand_ins(
     queue_name = f"wpy-{uuid.uuid4().hex[:8]}"
     proc = popen(
         "worker.py",
-        env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
-             "RELAYKIT_TASK_QUEUE": queue_name,
-             "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts")},
+        env={
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "RELAYKIT_MODEL": "scripted",
+            "RELAYKIT_TASK_QUEUE": queue_name,
+            "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"),
+        },
     )
     lines = Lines(proc.stderr)
     try:
         serving = lines.wait_for("serving:")
-        triage = relaykit("run", "triage", "I was charged twice", "-q", queue_name, "--wait",
-                          env=cli_env(temporal_server))
+        triage = relaykit(
+            "run",
+            "triage",
+            "I was charged twice",
+            "-q",
+            queue_name,
+            "--wait",
+            env=cli_env(temporal_server),
+        )
         demo = relaykit(
-            "run", "travel_assistant",
+            "run",
+            "travel_assistant",
             "I fly from Paris to Tokyo tomorrow with 500 EUR. Weather in both, and in yen?",
-            "-q", queue_name, "--wait", env=cli_env(temporal_server),
+            "-q",
+            queue_name,
+            "--wait",
+            env=cli_env(temporal_server),
         )
     finally:
         stop(proc)
     assert "scripted stand-in model" in "\n".join(lines.lines)
-    for agent in ("triage", "billing", "travel_assistant", "research_lead", "deep_research",
-                  "refund_agent"):
+    for agent in (
+        "triage",
+        "billing",
+        "travel_assistant",
+        "research_lead",
+        "deep_research",
+        "refund_agent",
+    ):
         assert agent in serving
     assert triage.returncode == 0, triage.stderr
     assert "You were charged twice" in triage.stdout
@@ -260,10 +319,13 @@ def test_worker_py_serves_only_the_agents_named_by_relaykit_agents(
 ) -> None:
     proc = popen(
         "worker.py",
-        env={"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_MODEL": "scripted",
-             "RELAYKIT_AGENTS": "examples.demo:travel_assistant",
-             "RELAYKIT_TASK_QUEUE": f"wpy-{uuid.uuid4().hex[:8]}",
-             "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts")},
+        env={
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "RELAYKIT_MODEL": "scripted",
+            "RELAYKIT_AGENTS": "examples.demo:travel_assistant",
+            "RELAYKIT_TASK_QUEUE": f"wpy-{uuid.uuid4().hex[:8]}",
+            "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"),
+        },
     )
     lines = Lines(proc.stderr)
     try:
@@ -277,10 +339,22 @@ def test_worker_with_relaykit_model_scripted_uses_the_stand_in_not_an_openai_mod
     temporal_server: DevServer, tmp_path: Path
 ) -> None:
     queue_name = f"w-{uuid.uuid4().hex[:8]}"
-    with worker_process(temporal_server, "examples.triage", task_queue=queue_name,
-                        tmp_path=tmp_path, env={"OPENAI_API_KEY": ""}) as lines:
-        done = relaykit("run", "triage", "my invoice is wrong", "-q", queue_name, "--wait",
-                        env=cli_env(temporal_server))
+    with worker_process(
+        temporal_server,
+        "examples.triage",
+        task_queue=queue_name,
+        tmp_path=tmp_path,
+        env={"OPENAI_API_KEY": ""},
+    ) as lines:
+        done = relaykit(
+            "run",
+            "triage",
+            "my invoice is wrong",
+            "-q",
+            queue_name,
+            "--wait",
+            env=cli_env(temporal_server),
+        )
     assert "model: scripted stand-in model (RELAYKIT_MODEL=scripted" in "\n".join(lines.lines)
     assert done.returncode == 0, done.stderr
     assert "agent billing" in done.stderr
@@ -305,14 +379,20 @@ def test_help_shows_boolean_options_as_flags() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("from relaykit import Agent\nagent = Agent(name='a'\n",
-         "error: cannot import 'broken_agents': broken_agents.py, line 2: "),
-        ("from relaykit import Agent\n\nratio = 1 / 0\n",
-         "error: cannot import 'broken_agents': broken_agents.py, line 3: ZeroDivisionError: "
-         "division by zero"),
-        ("import no_such_dependency_here\n",
-         "error: cannot import 'broken_agents': broken_agents.py, line 1: ModuleNotFoundError: "
-         "No module named 'no_such_dependency_here'"),
+        (
+            "from relaykit import Agent\nagent = Agent(name='a'\n",
+            "error: cannot import 'broken_agents': broken_agents.py, line 2: ",
+        ),
+        (
+            "from relaykit import Agent\n\nratio = 1 / 0\n",
+            "error: cannot import 'broken_agents': broken_agents.py, line 3: ZeroDivisionError: "
+            "division by zero",
+        ),
+        (
+            "import no_such_dependency_here\n",
+            "error: cannot import 'broken_agents': broken_agents.py, line 1: ModuleNotFoundError: "
+            "No module named 'no_such_dependency_here'",
+        ),
     ],
     ids=["syntax-error", "exception-at-import", "missing-dependency"],
 )
@@ -322,7 +402,7 @@ def test_an_agent_module_that_fails_to_import_gives_its_file_and_line_only(
     (tmp_path / "broken_agents.py").write_text(source)
     for args in (["worker", "broken_agents"], ["dev", "broken_agents", "--port", str(free_port())]):
         proc = popen("-m", "relaykit.cli", *args, cwd=tmp_path)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(expected), err
@@ -333,8 +413,7 @@ def test_a_prompt_that_is_not_utf8_gives_one_clear_line() -> None:
     done = relaykit("run", "triage", prompt, env={"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"})
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "error: the prompt is not valid UTF-8 (byte 0xe9 at character 3) (hint: pass text in "
-        "UTF-8)"
+        "error: the prompt is not valid UTF-8 (byte 0xe9 at character 3) (hint: pass text in UTF-8)"
     ]
 
 
@@ -342,8 +421,17 @@ def test_run_wait_prints_the_run_id_and_says_when_no_worker_polls_the_queue(
     temporal_server: DevServer,
 ) -> None:
     queue_name = f"nobody-{uuid.uuid4().hex[:8]}"
-    waiting = popen("-m", "relaykit.cli", "run", "triage", "hi", "-q", queue_name, "--wait",
-                    env=cli_env(temporal_server))
+    waiting = popen(
+        "-m",
+        "relaykit.cli",
+        "run",
+        "triage",
+        "hi",
+        "-q",
+        queue_name,
+        "--wait",
+        env=cli_env(temporal_server),
+    )
     lines = Lines(waiting.stderr)
     try:
         first = lines.wait_for("run ")
@@ -373,8 +461,10 @@ def test_commands_on_a_closed_run_say_it_is_closed_and_fail(temporal_server: Dev
     run_id = started.stdout.strip()
 
     # Approvals and messages are updates a worker must accept: with none, say so, not hang.
-    for args, doing in ((["approve", run_id, "call_1"], "answer approvals"),
-                        (["send", run_id, "more"], "take messages")):
+    for args, doing in (
+        (["approve", run_id, "call_1"], "answer approvals"),
+        (["send", run_id, "more"], "take messages"),
+    ):
         done = relaykit(*args, env=env, timeout=20)
         assert done.returncode == 1, args
         assert done.stderr.strip().splitlines() == [
@@ -388,8 +478,14 @@ def test_commands_on_a_closed_run_say_it_is_closed_and_fail(temporal_server: Dev
     assert f"relaykit terminate {run_id}" in cancel.stderr
 
     assert relaykit("terminate", run_id, env=env).returncode == 0
-    for args in (["cancel", run_id], ["terminate", run_id], ["resume", run_id],
-                 ["pause", run_id], ["send", run_id, "more"], ["approve", run_id, "call_1"]):
+    for args in (
+        ["cancel", run_id],
+        ["terminate", run_id],
+        ["resume", run_id],
+        ["pause", run_id],
+        ["send", run_id, "more"],
+        ["approve", run_id, "call_1"],
+    ):
         done = relaykit(*args, env=env)
         assert done.returncode == 1, args
         assert f"error: run '{run_id}' is closed (terminated): cannot " in done.stderr, args
@@ -424,8 +520,14 @@ def test_cancel_of_a_served_run_reports_that_it_ended(
     queue_name = f"w-{uuid.uuid4().hex[:8]}"
     (tmp_path / "slow_agents.py").write_text(SLOW_AGENTS)
     release = tmp_path / "release"
-    with worker_process(temporal_server, "slow_agents", task_queue=queue_name, tmp_path=tmp_path,
-                        env={"SLOW_DIR": str(tmp_path)}, cwd=tmp_path):
+    with worker_process(
+        temporal_server,
+        "slow_agents",
+        task_queue=queue_name,
+        tmp_path=tmp_path,
+        env={"SLOW_DIR": str(tmp_path)},
+        cwd=tmp_path,
+    ):
         started = relaykit("run", "slowpoke", "go", "-q", queue_name, env=env)
         run_id = started.stdout.strip()
         wait_for_file(tmp_path / "holding")
@@ -444,8 +546,14 @@ def test_runs_prints_whole_ids_and_live_tokens_of_a_running_run(
     queue_name = f"w-{uuid.uuid4().hex[:8]}"
     run_id = "slowpoke-" + "a-long-id-that-a-narrow-table-would-cut-" + uuid.uuid4().hex
     (tmp_path / "slow_agents.py").write_text(SLOW_AGENTS)
-    with worker_process(temporal_server, "slow_agents", task_queue=queue_name, tmp_path=tmp_path,
-                        env={"SLOW_DIR": str(tmp_path)}, cwd=tmp_path):
+    with worker_process(
+        temporal_server,
+        "slow_agents",
+        task_queue=queue_name,
+        tmp_path=tmp_path,
+        env={"SLOW_DIR": str(tmp_path)},
+        cwd=tmp_path,
+    ):
         started = relaykit("run", "slowpoke", "go", "-q", queue_name, "--id", run_id, env=env)
         assert started.returncode == 0, started.stderr
         wait_for_file(tmp_path / "holding")
@@ -468,16 +576,48 @@ def test_run_with_an_existing_closed_id_attaches_by_default_fails_or_restarts(
     env = cli_env(temporal_server)
     queue_name = f"w-{uuid.uuid4().hex[:8]}"
     run_id = f"ticket-{uuid.uuid4().hex[:8]}"
-    with worker_process(temporal_server, "examples.triage", task_queue=queue_name,
-                        tmp_path=tmp_path):
-        first = relaykit("run", "triage", "I was charged twice", "--id", run_id, "-q",
-                         queue_name, "--wait", env=env)
-        again = relaykit("run", "triage", "My login fails", "--id", run_id, "-q", queue_name,
-                         env=env)
-        refused = relaykit("run", "triage", "My login fails", "--id", run_id, "-q", queue_name,
-                           "--if-exists", "fail", env=env)
-        restarted = relaykit("run", "triage", "My login fails", "--id", run_id, "-q",
-                             queue_name, "--if-exists", "restart", "--wait", env=env)
+    with worker_process(
+        temporal_server, "examples.triage", task_queue=queue_name, tmp_path=tmp_path
+    ):
+        first = relaykit(
+            "run",
+            "triage",
+            "I was charged twice",
+            "--id",
+            run_id,
+            "-q",
+            queue_name,
+            "--wait",
+            env=env,
+        )
+        again = relaykit(
+            "run", "triage", "My login fails", "--id", run_id, "-q", queue_name, env=env
+        )
+        refused = relaykit(
+            "run",
+            "triage",
+            "My login fails",
+            "--id",
+            run_id,
+            "-q",
+            queue_name,
+            "--if-exists",
+            "fail",
+            env=env,
+        )
+        restarted = relaykit(
+            "run",
+            "triage",
+            "My login fails",
+            "--id",
+            run_id,
+            "-q",
+            queue_name,
+            "--if-exists",
+            "restart",
+            "--wait",
+            env=env,
+        )
     assert first.returncode == 0, first.stderr
     assert "You were charged twice" in first.stdout
     # attach: the closed run's result, no second run
@@ -500,11 +640,31 @@ async def test_run_with_the_id_of_a_running_run_attaches_fails_or_restarts_it(
     handle = client.get_workflow_handle(run_id)
     first_run = (await handle.describe()).run_id
     attached = relaykit("run", "triage", "hi again", "--id", run_id, "-q", queue_name, env=env)
-    refused = relaykit("run", "triage", "hi again", "--id", run_id, "-q", queue_name,
-                       "--if-exists", "fail", env=env)
+    refused = relaykit(
+        "run",
+        "triage",
+        "hi again",
+        "--id",
+        run_id,
+        "-q",
+        queue_name,
+        "--if-exists",
+        "fail",
+        env=env,
+    )
     assert (await handle.describe()).run_id == first_run
-    restarted = relaykit("run", "triage", "hi again", "--id", run_id, "-q", queue_name,
-                         "--if-exists", "restart", env=env)
+    restarted = relaykit(
+        "run",
+        "triage",
+        "hi again",
+        "--id",
+        run_id,
+        "-q",
+        queue_name,
+        "--if-exists",
+        "restart",
+        env=env,
+    )
     now = await handle.describe()
     old = await client.get_workflow_handle(run_id, run_id=first_run).describe()
     await handle.terminate()
@@ -521,8 +681,18 @@ async def test_run_with_the_id_of_a_running_run_attaches_fails_or_restarts_it(
 
 def test_dev_stopped_with_sigterm_stops_its_temporal_server(tmp_path: Path) -> None:
     port, ui_port = free_port(), free_port()
-    args = ("-m", "relaykit.cli", "dev", "examples.triage", "--port", str(port), "--ui-port",
-            str(ui_port), "--data-dir", str(tmp_path / "data"))
+    args = (
+        "-m",
+        "relaykit.cli",
+        "dev",
+        "examples.triage",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--data-dir",
+        str(tmp_path / "data"),
+    )
     env = {"RELAYKIT_MODEL": "scripted", "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "t")}
     for attempt in range(2):  # the second start needs the ports the first one held
         dev = popen(*args, env=env)

@@ -24,7 +24,6 @@ from relaykit.cli import app
 from relaykit.devserver import DevServer
 
 
-
 def _walk(group: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
     """``("deployment status", command)`` for every command, inside groups too."""
     for name, command in group.commands.items():
@@ -67,7 +66,10 @@ SPECIFIC: dict[str, list[list[str]]] = {
     ],
     "events": [["events", CLOSED, "--from", "-1"], ["events", UNKNOWN_RUN, "--from", "-5"]],
     "watch": [["watch", CLOSED, "--from", "soon"], ["watch", CLOSED, "--from", "-3", "--plain"]],
-    "approve": [["approve", CLOSED, "call_1"], ["approve", UNKNOWN_RUN, "call_1", "--reason", "\udcff"]],
+    "approve": [
+        ["approve", CLOSED, "call_1"],
+        ["approve", UNKNOWN_RUN, "call_1", "--reason", "\udcff"],
+    ],
     "send": [["send", CLOSED, "hello"], ["send", CLOSED, "bad \udcff byte"]],
     "resume": [["resume", CLOSED, "go on"]],
     "terminate": [["terminate", CLOSED, "--reason", "again"]],
@@ -88,8 +90,11 @@ SPECIFIC: dict[str, list[list[str]]] = {
     ],
     "dev": [["dev", "no_such_module_here"], ["dev", "examples.triage", "--tool-threads", "0"]],
     "demo": [["demo", "--port", "seven"]],
-    "codec-server": [["codec-server"], ["codec-server", "--port", "70000"],
-                     ["codec-server", "--port", "-1"]],
+    "codec-server": [
+        ["codec-server"],
+        ["codec-server", "--port", "70000"],
+        ["codec-server", "--port", "-1"],
+    ],
 }
 """Inputs that only make sense for one command (codec-server's run with a codec set)."""
 
@@ -173,21 +178,30 @@ def test_every_command_answers_bad_input_with_one_line_never_a_traceback(
     name: str, temporal_server: DevServer, closed_run: str
 ) -> None:
     env: dict[str, str | None] = {
-        "TEMPORAL_ADDRESS": temporal_server.address, "TEMPORAL_NAMESPACE": None,
-        "RELAYKIT_CODEC": None, "RELAYKIT_CODEC_KEY": None, "RELAYKIT_MODEL": "scripted",
-        "RELAYKIT_UI_URL": None, "NO_COLOR": "1", "COLUMNS": "200",
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TEMPORAL_NAMESPACE": None,
+        "RELAYKIT_CODEC": None,
+        "RELAYKIT_CODEC_KEY": None,
+        "RELAYKIT_MODEL": "scripted",
+        "RELAYKIT_UI_URL": None,
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
     }
     problems = []
     for argv, is_error in cases(name):
         argv = [closed_run if arg == CLOSED else arg for arg in argv]
         case_env = dict(env)
         if tuple(argv) in NEEDS_CODEC:
-            case_env.update(RELAYKIT_CODEC="relaykit.codecs.aes:AesGcmCodec",
-                            RELAYKIT_CODEC_KEY="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+            case_env.update(
+                RELAYKIT_CODEC="relaykit.codecs.aes:AesGcmCodec",
+                RELAYKIT_CODEC_KEY="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+            )
         result = invoke(argv, case_env)
         shown = repr(argv)[:160]
         if result.exception is not None and not isinstance(result.exception, SystemExit):
-            problems.append(f"{shown}: raised {type(result.exception).__name__}: {result.exception}")
+            problems.append(
+                f"{shown}: raised {type(result.exception).__name__}: {result.exception}"
+            )
             continue
         if "Traceback" in result.output:
             problems.append(f"{shown}: printed a traceback")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+
 from pydantic import BaseModel
 from temporalio.client import Client
 
@@ -66,21 +67,35 @@ async def test_result_and_run_wait_print_the_answer_byte_for_byte_through_a_pipe
     answer = tmp_path / "answer.json"
     with answer.open("w") as out:
         done = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "relaykit.cli", "result", handle.id],
-            cwd=ROOT, env={**os.environ, **env}, stdout=out,
-            stderr=subprocess.PIPE, text=True, timeout=60,
+            subprocess.run,
+            [sys.executable, "-m", "relaykit.cli", "result", handle.id],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
         )
     assert done.returncode == 0, done.stderr
     assert json.loads(answer.read_text(encoding="utf-8")) == report
-    assert answer.read_text(encoding="utf-8") == json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    assert (
+        answer.read_text(encoding="utf-8")
+        == json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    )
 
 
-def test_ctrl_c_while_run_waits_says_the_run_goes_on_with_its_id(temporal_server: DevServer) -> None:
+def test_ctrl_c_while_run_waits_says_the_run_goes_on_with_its_id(
+    temporal_server: DevServer,
+) -> None:
     queue_name = f"nobody-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykit.cli", "run", "triage", "hi", "-q", queue_name, "--wait"],
-        cwd=ROOT, env={**os.environ, "NO_COLOR": "1", **cli_env(temporal_server)},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1", **cli_env(temporal_server)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # A shell's background job ignores SIGINT, and children inherit that: restore Ctrl-C.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -103,8 +118,16 @@ def test_ctrl_c_while_run_waits_says_the_run_goes_on_with_its_id(temporal_server
 def test_max_turns_below_one_is_one_line_and_starts_no_run(temporal_server: DevServer) -> None:
     queue_name = f"nobody-{uuid.uuid4().hex[:8]}"
     for value in ("0", "-3"):
-        done = relaykit("run", "triage", "hi", "-q", queue_name, "--max-turns", value,
-                        env=cli_env(temporal_server))
+        done = relaykit(
+            "run",
+            "triage",
+            "hi",
+            "-q",
+            queue_name,
+            "--max-turns",
+            value,
+            env=cli_env(temporal_server),
+        )
         assert (done.returncode, done.stdout) == (1, "")
         assert done.stderr.strip().splitlines() == [
             f"error: --max-turns must be at least 1, not {value} (hint: a run needs one model turn)"
@@ -120,13 +143,16 @@ def test_events_and_watch_of_a_closed_run_its_queue_worker_cannot_replay_are_one
     # worker now polling cannot replay the triage run to answer the query.
     env = cli_env(temporal_server)
     queue_name = f"switch-{uuid.uuid4().hex[:8]}"
-    with worker_process(temporal_server, "examples.triage", task_queue=queue_name, tmp_path=tmp_path):
+    with worker_process(
+        temporal_server, "examples.triage", task_queue=queue_name, tmp_path=tmp_path
+    ):
         done = relaykit("run", "triage", "I was charged twice", "-q", queue_name, "--wait", env=env)
     assert done.returncode == 0, done.stderr
     run_id = done.stderr.split()[1]
     with worker_process(temporal_server, "examples.demo", task_queue=queue_name, tmp_path=tmp_path):
-        outcomes = [relaykit(*args, env=env) for args in (["events", run_id],
-                                                          ["watch", run_id, "--plain"])]
+        outcomes = [
+            relaykit(*args, env=env) for args in (["events", run_id], ["watch", run_id, "--plain"])
+        ]
     for outcome in outcomes:
         assert (outcome.returncode, outcome.stdout) == (1, ""), outcome.stderr
         [line] = outcome.stderr.strip().splitlines()
@@ -160,13 +186,18 @@ async def test_runs_without_relaykits_search_attributes_names_the_command_that_r
     from relaykit.search_attributes import operator_create_args
 
     namespace = f"bare-{uuid.uuid4().hex[:8]}"
-    await client.workflow_service.register_namespace(RegisterNamespaceRequest(
-        namespace=namespace,
-        workflow_execution_retention_period=Duration(seconds=int(timedelta(days=1).total_seconds())),
-    ))
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace,
+            workflow_execution_retention_period=Duration(
+                seconds=int(timedelta(days=1).total_seconds())
+            ),
+        )
+    )
     for _ in range(50):  # a new namespace reaches the frontend a moment later
-        done = relaykit("runs", "--status", "running", "--namespace", namespace,
-                        env=cli_env(temporal_server))
+        done = relaykit(
+            "runs", "--status", "running", "--namespace", namespace, env=cli_env(temporal_server)
+        )
         if "not found" not in done.stderr:
             break
         await asyncio.sleep(0.5)
@@ -210,18 +241,41 @@ def test_a_worker_piped_into_tee_stops_on_the_first_ctrl_c_while_it_holds_a_run(
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     worker = subprocess.Popen(
-        [sys.executable, "-m", "relaykit.cli", "worker", "slow_agents", "--task-queue", queue_name,
-         "--graceful-shutdown", "2"],
-        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, process_group=0, preexec_fn=sigint_as_in_a_terminal,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT), "RELAYKIT_MODEL": "scripted",
-             "SLOW_DIR": str(tmp_path), "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"),
-             **cli_env(temporal_server)},
+        [
+            sys.executable,
+            "-m",
+            "relaykit.cli",
+            "worker",
+            "slow_agents",
+            "--task-queue",
+            queue_name,
+            "--graceful-shutdown",
+            "2",
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+        preexec_fn=sigint_as_in_a_terminal,
+        env={
+            **os.environ,
+            "NO_COLOR": "1",
+            "PYTHONPATH": str(ROOT),
+            "RELAYKIT_MODEL": "scripted",
+            "SLOW_DIR": str(tmp_path),
+            "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "transcripts"),
+            **cli_env(temporal_server),
+        },
     )
     assert worker.stdout is not None
     tee = subprocess.Popen(  # in the worker's process group, as a shell's pipeline puts it
-        ["tee", str(tmp_path / "worker.log")], stdin=worker.stdout, stdout=subprocess.DEVNULL,
-        process_group=worker.pid, preexec_fn=sigint_as_in_a_terminal,
+        ["tee", str(tmp_path / "worker.log")],
+        stdin=worker.stdout,
+        stdout=subprocess.DEVNULL,
+        process_group=worker.pid,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     worker.stdout.close()
     try:

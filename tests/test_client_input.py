@@ -25,8 +25,16 @@ BAD_INPUTS: dict[str, Any] = {
     "an agent name that is not a string": {"agent": 5},
     "no agent": {"input": "hi"},
     "max_turns below one": {"agent": "steady", "input": "hi", "max_turns": 0},
-    "a budget of the wrong type": {"agent": "steady", "input": "hi", "budget": {"max_total_tokens": "lots"}},
-    "a forged continue-as-new state": {"agent": "steady", "input": "hi", "state": {"context_ref": "../x"}},
+    "a budget of the wrong type": {
+        "agent": "steady",
+        "input": "hi",
+        "budget": {"max_total_tokens": "lots"},
+    },
+    "a forged continue-as-new state": {
+        "agent": "steady",
+        "input": "hi",
+        "state": {"context_ref": "../x"},
+    },
     "a conversation with an unknown role": {"agent": "steady", "input": [{"role": "bogus"}]},
 }
 
@@ -62,7 +70,9 @@ async def test_a_valid_input_written_by_hand_still_runs(
     agent = Agent(name="steady", model=model)
     async with serving(client, agent) as worker:
         result = await client.execute_workflow(
-            "AgentRun", {"agent": "steady", "input": "hi", "max_turns": 3},
-            id=f"good-input-{uuid.uuid4().hex[:8]}", task_queue=worker.task_queue,
+            "AgentRun",
+            {"agent": "steady", "input": "hi", "max_turns": 3},
+            id=f"good-input-{uuid.uuid4().hex[:8]}",
+            task_queue=worker.task_queue,
         )
     assert result["output"] == "fine"

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import httpx
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import (
     DataConverter,
@@ -30,14 +29,15 @@ from temporalio.converter import (
     DefaultFailureConverterWithEncodedAttributes,
     PayloadCodec,
 )
+from temporalio.exceptions import ApplicationError
 
 import relaykit
 from relaykit import Agent, ConfigurationError, start_run, tool
 from relaykit.codecs.aes import AesGcmCodec, key_id_of
 from relaykit.devserver import DevServer, find_temporal_cli
 from relaykit.messages import Message
-from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.storage import Store, scope_for
+from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from tests.support import scripted_model, serving
 
@@ -67,8 +67,14 @@ def base_env(**extra: str) -> dict[str, str]:
 
 async def relaykit_cmd(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relaykit.cli", *args, cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "relaykit.cli",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
@@ -83,9 +89,7 @@ def assert_no_pii(data: bytes, where: str) -> None:
 
 async def raw_history(client: Client, workflow_id: str) -> bytes:
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    return history.to_json().encode() + b"".join(
-        e.SerializeToString() for e in history.events
-    )
+    return history.to_json().encode() + b"".join(e.SerializeToString() for e in history.events)
 
 
 def store_bytes(directory: Path) -> tuple[int, bytes]:
@@ -167,7 +171,9 @@ async def test_connect_uses_the_codec_relaykit_codec_names(
     assert isinstance(codec, AesGcmCodec) and codec.key_id == key_id_of(base64.b64decode(KEY))
     # An explicit codec wins over the environment.
     explicit = Rot13Codec()
-    assert (await relaykit.connect(temporal_server.address, codec=explicit)).data_converter.payload_codec is explicit
+    assert (
+        await relaykit.connect(temporal_server.address, codec=explicit)
+    ).data_converter.payload_codec is explicit
     monkeypatch.setenv("RELAYKIT_CODEC", "relaykit.codecs.aes:nothing_here")
     with pytest.raises(ConfigurationError, match="has no attribute 'nothing_here'"):
         await relaykit.connect(temporal_server.address)
@@ -189,8 +195,14 @@ def cli_in_process(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     ("codec", "message"),
     [
         ("no_such_codec_module:Codec", "error: cannot import codec module 'no_such_codec_module'"),
-        ("relaykit.codecs.aes:Missing", "error: module 'relaykit.codecs.aes' has no attribute 'Missing'"),
-        ("relaykit.codecs.aes:ENCODING", "error: relaykit.codecs.aes:ENCODING is a bytes, not a temporalio PayloadCodec"),
+        (
+            "relaykit.codecs.aes:Missing",
+            "error: module 'relaykit.codecs.aes' has no attribute 'Missing'",
+        ),
+        (
+            "relaykit.codecs.aes:ENCODING",
+            "error: relaykit.codecs.aes:ENCODING is a bytes, not a temporalio PayloadCodec",
+        ),
         ("just-a-name", "error: codec 'just-a-name' is not of the form module:attr"),
     ],
 )
@@ -209,7 +221,10 @@ def test_a_codec_that_cannot_be_loaded_is_one_clear_cli_line(
 def test_aes_codec_with_a_missing_or_malformed_key_is_one_clear_cli_line(
     temporal_server: DevServer,
 ) -> None:
-    env = {"TEMPORAL_ADDRESS": temporal_server.address, "RELAYKIT_CODEC": CODEC_ENV["RELAYKIT_CODEC"]}
+    env = {
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RELAYKIT_CODEC": CODEC_ENV["RELAYKIT_CODEC"],
+    }
     code, _, err = cli_in_process("runs", env=env)
     assert code == 1 and err.strip().splitlines() == [
         "error: RELAYKIT_CODEC_KEY is not set (hint: the AES-GCM codec needs a 32-byte key)"
@@ -223,8 +238,10 @@ async def test_a_codec_set_for_the_worker_process_is_one_clear_line_when_broken(
     temporal_server: DevServer,
 ) -> None:
     # `relaykit worker` as a real process: the codec is loaded before it serves anything.
-    env = base_env(TEMPORAL_ADDRESS=temporal_server.address, RELAYKIT_CODEC="no_such_codec_module:C")
-    code, out, err = await relaykit_cmd("worker", "examples.encryption", env=env)
+    env = base_env(
+        TEMPORAL_ADDRESS=temporal_server.address, RELAYKIT_CODEC="no_such_codec_module:C"
+    )
+    code, _out, err = await relaykit_cmd("worker", "examples.encryption", env=env)
     assert code == 1 and err.strip().splitlines() == [
         "error: cannot import codec module 'no_such_codec_module': No module named "
         "'no_such_codec_module' (hint: set RELAYKIT_CODEC=module:attr, e.g. "
@@ -248,7 +265,9 @@ async def test_aes_codec_round_trips_rotates_keys_and_refuses_other_keys() -> No
     rotated = AesGcmCodec(KEY, old_keys=[OTHER_KEY])
     assert await rotated.decode([sealed_old]) == [plain]
     [sealed_new] = await rotated.encode([plain])
-    assert sealed_new.metadata["encryption-key-id"] == rotated.key_id.encode() != old.key_id.encode()
+    assert (
+        sealed_new.metadata["encryption-key-id"] == rotated.key_id.encode() != old.key_id.encode()
+    )
     assert await rotated.decode([sealed_new]) == [plain]
     # Payloads written before encryption was turned on are read as they are.
     assert await rotated.decode([plain]) == [plain]
@@ -265,8 +284,11 @@ async def test_aes_codec_round_trips_rotates_keys_and_refuses_other_keys() -> No
         await rotated.decode([tampered])
 
     from_env = AesGcmCodec(
-        env={"RELAYKIT_CODEC_KEY": KEY, "RELAYKIT_CODEC_KEY_ID": "2026-11",
-             "RELAYKIT_CODEC_OLD_KEYS": f"2025:{OTHER_KEY}"}
+        env={
+            "RELAYKIT_CODEC_KEY": KEY,
+            "RELAYKIT_CODEC_KEY_ID": "2026-11",
+            "RELAYKIT_CODEC_OLD_KEYS": f"2025:{OTHER_KEY}",
+        }
     )
     assert from_env.key_id == "2026-11"
     reissued = AesGcmCodec(OTHER_KEY, key_id="2025")
@@ -306,7 +328,11 @@ def codec_server() -> Iterator[str]:
     env = base_env(**CODEC_ENV, RELAYKIT_CODEC_AUTH="Bearer let-me-in")
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykit.cli", "codec-server", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -384,7 +410,9 @@ async def test_codec_server_encodes_and_decodes_for_callers_with_the_right_autho
         assert garbage.status_code == 400
         other_key = await AesGcmCodec(OTHER_KEY).encode([plain])
         undecodable = await http.post("/decode", json=payloads_json(*other_key), headers=auth)
-        assert undecodable.status_code == 422 and "not configured here" in undecodable.json()["error"]
+        assert (
+            undecodable.status_code == 422 and "not configured here" in undecodable.json()["error"]
+        )
 
 
 def test_codec_server_logs_each_refused_request_without_the_token() -> None:
@@ -394,8 +422,11 @@ def test_codec_server_logs_each_refused_request_without_the_token() -> None:
     token = "Bearer s3cret-token-value"
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykit.cli", "codec-server", "--port", str(port)],
-        cwd=ROOT, env=base_env(**CODEC_ENV, RELAYKIT_CODEC_AUTH=token),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=base_env(**CODEC_ENV, RELAYKIT_CODEC_AUTH=token),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stderr is not None
@@ -404,7 +435,9 @@ def test_codec_server_logs_each_refused_request_without_the_token() -> None:
         body = payloads_json(Payload(metadata={"encoding": b"json/plain"}, data=b"1"))
         assert httpx.post(f"{url}/decode", json=body, timeout=10).status_code == 401
         near_miss = "Bearer s3cret-token-valuf"
-        wrong = httpx.post(f"{url}/encode", json=body, headers={"Authorization": near_miss}, timeout=10)
+        wrong = httpx.post(
+            f"{url}/encode", json=body, headers={"Authorization": near_miss}, timeout=10
+        )
         assert wrong.status_code == 401
         ok = httpx.post(f"{url}/encode", json=body, headers={"Authorization": token}, timeout=10)
         assert ok.status_code == 200
@@ -457,8 +490,20 @@ def deployment(
             "OPENAI_BASE_URL": f"{model_server.base_url}/v1",
         }
         worker = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", "examples.encryption", "-q", task_queue],
-            cwd=ROOT, env=worker_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "worker",
+                "examples.encryption",
+                "-q",
+                task_queue,
+            ],
+            cwd=ROOT,
+            env=worker_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             assert worker.stderr is not None
@@ -469,7 +514,9 @@ def deployment(
             reader.start()
             reader.join(60)
             assert seen and "serving: payouts" in seen[-1], "".join(seen) or "no output in 60 s"
-            threading.Thread(target=worker.stderr.read, daemon=True).start()  # keep the pipe drained
+            threading.Thread(
+                target=worker.stderr.read, daemon=True
+            ).start()  # keep the pipe drained
             yield setup
         finally:
             worker.terminate()
@@ -535,7 +582,9 @@ async def test_every_command_works_on_an_encrypted_run(
     assert result["output"] == f"Paid 120.00 EUR to {NAME} ({IBAN})."
     tool_results = [m["content"] for m in result["transcript"] if m["role"] == "tool"]
     assert tool_results == [f"{NAME}: IBAN {IBAN}", f"sent 120.00 EUR to {IBAN}"]
-    assert f"{NAME} prefers SEPA" in [m["content"] for m in result["transcript"] if m["role"] == "user"]
+    assert f"{NAME} prefers SEPA" in [
+        m["content"] for m in result["transcript"] if m["role"] == "user"
+    ]
 
     code, out, err = await relaykit_cmd("events", "enc-pay-1", env=env)
     assert code == 0, err
@@ -577,8 +626,12 @@ async def test_commands_without_the_codec_fail_in_one_line_before_changing_the_r
             "no codec here decodes them (hint: set RELAYKIT_CODEC=module:attr to the codec the "
             "workers use)"
         )
-        for args in (["approve", handle.id, "call_hold"], ["pending", handle.id],
-                     ["result", handle.id], ["send", handle.id, "hi"]):
+        for args in (
+            ["approve", handle.id, "call_hold"],
+            ["pending", handle.id],
+            ["result", handle.id],
+            ["send", handle.id, "hi"],
+        ):
             code, out, err = await relaykit_cmd(*args, env=deployment.plain_env)
             assert (code, out, err.strip().splitlines()) == (1, "", [expected]), args
         # Another key: the same single line, naming the key id.
@@ -600,8 +653,15 @@ async def test_run_wait_with_another_key_than_the_workers_is_one_line_not_an_end
     run_id = f"enc-mismatch-{uuid.uuid4().hex[:6]}"
     other = {**deployment.env, "RELAYKIT_CODEC_KEY": OTHER_KEY}
     code, out, err = await relaykit_cmd(
-        "run", "payouts", f"Pay {NAME} 5 EUR", "-q", deployment.task_queue, "--id", run_id,
-        "--wait", env=other,
+        "run",
+        "payouts",
+        f"Pay {NAME} 5 EUR",
+        "-q",
+        deployment.task_queue,
+        "--id",
+        run_id,
+        "--wait",
+        env=other,
     )
     client = await deployment.client()
     await client.get_workflow_handle(run_id).terminate()
@@ -630,9 +690,20 @@ async def test_temporal_cli_shows_decoded_payloads_through_the_codec_server(
 
     def show(*extra: str) -> str:
         done = subprocess.run(
-            [find_temporal_cli(), "workflow", "show", "--address", deployment.server.address,
-             "--workflow-id", handle.id, "--detailed", *extra],
-            capture_output=True, text=True, timeout=60,
+            [
+                find_temporal_cli(),
+                "workflow",
+                "show",
+                "--address",
+                deployment.server.address,
+                "--workflow-id",
+                handle.id,
+                "--detailed",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
@@ -686,7 +757,8 @@ async def test_no_plaintext_pii_reaches_history_the_server_database_or_the_trans
     assert result.output == f"{NAME}, your IBAN {IBAN} was refused."
     assert any(f"bank refused {IBAN}" in (m.content or "") for m in result.transcript)
     failed = [
-        e for e in (await handle.workflow.fetch_history()).events
+        e
+        for e in (await handle.workflow.fetch_history()).events
         if e.HasField("activity_task_failed_event_attributes")
     ]
     assert len(failed) == 1
@@ -717,8 +789,15 @@ async def test_relaykit_demo_with_a_codec_keeps_the_server_database_and_store_en
         **CODEC_ENV, RELAYKIT_MODEL="scripted", RELAYKIT_TRANSCRIPT_DIR=str(tmp_path / "store")
     )
     code, out, err = await relaykit_cmd(
-        "demo", "--exit", "--port", str(free_port()), "--ui-port", str(free_port()),
-        "--data-dir", str(tmp_path / "server"), env=env,
+        "demo",
+        "--exit",
+        "--port",
+        str(free_port()),
+        "--ui-port",
+        str(free_port()),
+        "--data-dir",
+        str(tmp_path / "server"),
+        env=env,
     )
     assert code == 0, err
     answer = "500.00 EUR = 81967.21 JPY"

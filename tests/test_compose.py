@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 import boto3
+import pytest
 import yaml
 from moto.server import ThreadedMotoServer
 
@@ -71,7 +71,9 @@ def test_every_image_is_pinned_to_a_version(services: dict[str, Any]) -> None:
     for where, image in images.items():
         tag = image_tag(image)
         assert tag and tag != "latest", f"{where}: {image} is not pinned"
-        assert VERSION_TAG.match(tag) or MINIO_RELEASE_TAG.match(tag), f"{where}: {image} is pinned to no version"
+        assert VERSION_TAG.match(tag) or MINIO_RELEASE_TAG.match(tag), (
+            f"{where}: {image} is pinned to no version"
+        )
 
 
 def test_server_and_admin_tools_versions_match(services: dict[str, Any]) -> None:
@@ -224,23 +226,39 @@ def test_the_compose_worker_service_serves_a_run_with_the_scripted_model(
     endpoint = f"http://127.0.0.1:{s3_server._port}"
     env["AWS_ENDPOINT_URL"] = endpoint
     s3 = boto3.client(
-        "s3", endpoint_url=endpoint, region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        "s3",
+        endpoint_url=endpoint,
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
     )
     bucket = env["RELAYKIT_STORE"].removeprefix("s3://").split("/", 1)[0]
     s3.create_bucket(Bucket=bucket)
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
     worker = subprocess.Popen(
-        command, cwd=tmp_path, env={**base, **env}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
+        command,
+        cwd=tmp_path,
+        env={**base, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "relaykit.cli", "run", "triage", "I was charged twice",
-             "--wait"],
-            cwd=repo, env={**os.environ, "TEMPORAL_ADDRESS": temporal_server.address,
-                           "NO_COLOR": "1"},
-            capture_output=True, text=True, timeout=90,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "run",
+                "triage",
+                "I was charged twice",
+                "--wait",
+            ],
+            cwd=repo,
+            env={**os.environ, "TEMPORAL_ADDRESS": temporal_server.address, "NO_COLOR": "1"},
+            capture_output=True,
+            text=True,
+            timeout=90,
         )
         stored = s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
     finally:
@@ -258,8 +276,13 @@ def test_the_compose_worker_service_serves_a_run_with_the_scripted_model(
 
 def test_the_compose_worker_passes_the_model_settings_on(services: dict[str, Any]) -> None:
     env = environment(services["worker"])
-    for name in ("RELAYKIT_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
-                 "ANTHROPIC_BASE_URL"):
+    for name in (
+        "RELAYKIT_MODEL",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+    ):
         assert env.get(name) == f"${{{name}:-}}", name
 
 
@@ -293,9 +316,13 @@ def test_the_readme_says_how_a_host_cli_reaches_the_compose_store_and_temporal(
     # The README's exports, checked against what the worker service uses, with the compose
     # network's host names replaced by the ports compose publishes on the host.
     readme = (REPO / "README.md").read_text()
-    exported = dict(re.findall(r"(?:^export |(?<= ))(\w+)=(\S+)", "\n".join(
-        line for line in readme.splitlines() if line.startswith("export ")
-    ), re.MULTILINE))
+    exported = dict(
+        re.findall(
+            r"(?:^export |(?<= ))(\w+)=(\S+)",
+            "\n".join(line for line in readme.splitlines() if line.startswith("export ")),
+            re.MULTILINE,
+        )
+    )
     worker = {k: interpolate(v, {}) for k, v in environment(services["worker"]).items()}
     assert exported["TEMPORAL_ADDRESS"] == "127.0.0.1:7233"
     assert 7233 in published_ports(services["temporal"])

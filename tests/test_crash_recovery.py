@@ -97,10 +97,20 @@ class CrashRig:
         log = open(self.tmp / f"worker-{len(self.processes) + 1}.log", "wb")  # noqa: SIM115
         self.logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", module,
-             "--task-queue", self.task_queue],
-            cwd=REPO_ROOT, env={**self.environment(), **env}, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "worker",
+                module,
+                "--task-queue",
+                self.task_queue,
+            ],
+            cwd=REPO_ROOT,
+            env={**self.environment(), **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         self.processes.append(proc)
         return proc
@@ -218,7 +228,8 @@ async def test_worker_killed_during_a_tool_call_resumes_without_repeating_finish
     result = await asyncio.wait_for(handle.result(), timeout=START_AND_FINISH)
     assert result.output == "done"
     assert [m.content for m in result.transcript if m.role == "tool"] == [
-        "quick 1", "slow 2 done",
+        "quick 1",
+        "slow 2 done",
     ]
     assert server.request_count(rig.model) == 3
     assert rig.tool_calls() == {"quick 1": 1, "slow_step 2": 2}  # in flight: at-least-once
@@ -324,7 +335,8 @@ async def test_sigterm_during_a_tool_call_lets_it_finish_and_a_new_worker_comple
     assert rig.tool_calls() == {"steady 1": 1, "steady-done 1": 1, "quick 2": 1}
     assert server.request_count(rig.model) == 3
     assert [m.content for m in result.transcript if m.role == "tool"] == [
-        "steady 1 done", "quick 2",
+        "steady 1 done",
+        "quick 2",
     ]
     log = (rig.tmp / "worker-1.log").read_text()
     assert "stopping: no new work" in log and "worker stopped" in log

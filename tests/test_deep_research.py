@@ -90,7 +90,7 @@ async def test_deep_research_runs_three_researchers_and_cites_every_page(
     report = result.output
     assert isinstance(report, str)
     # Every page is cited, with the page's title and first sentence as the finding.
-    for n, (url, (title, paragraph)) in enumerate(zip(urls, PAGES.values()), 1):
+    for n, (url, (title, paragraph)) in enumerate(zip(urls, PAGES.values(), strict=True), 1):
         assert f"[{n}] {url}" in report
         assert f"- {title}: {paragraph.split('. ')[0]}. [{n}]" in report
     assert "Not covered" not in report
@@ -114,7 +114,7 @@ async def test_deep_research_runs_three_researchers_and_cites_every_page(
     # Each researcher's report reached the lead exactly once (a turn-boundary message or a
     # wait_subagents result), and each researcher really fetched its page.
     delivered = "\n".join(m.content for m in result.transcript if m.role in ("user", "tool"))
-    for url, (title, _) in zip(urls, PAGES.values()):
+    for url, (title, _) in zip(urls, PAGES.values(), strict=True):
         assert delivered.count(f"Sources: {url}") == 1, url
         assert delivered.count(f"{title}: ") == 1, title
     researcher_requests = [

@@ -17,12 +17,16 @@ from tests.test_cli import Lines, free_port, popen, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTHING_CONFIGURED = {
-    "RELAYKIT_MODEL": "", "OPENAI_API_KEY": "", "OPENAI_BASE_URL": "", "ANTHROPIC_API_KEY": "",
+    "RELAYKIT_MODEL": "",
+    "OPENAI_API_KEY": "",
+    "OPENAI_BASE_URL": "",
+    "ANTHROPIC_API_KEY": "",
 }
 
 
-def test_with_nothing_configured_every_command_gets_the_scripted_stand_in_and_how_to_use_a_real_model(
-) -> None:
+def test_with_nothing_configured_every_command_gets_the_scripted_stand_in_and_how_to_use_a_real_model() -> (  # noqa: E501
+    None
+):
     from relaykit.dev import choose_model
 
     choice = choose_model(NOTHING_CONFIGURED)
@@ -70,8 +74,18 @@ def test_dev_with_nothing_configured_says_on_its_first_line_that_a_script_plays_
 ) -> None:
     port, ui_port = free_port(), free_port()
     dev = popen(
-        "-m", "relaykit.cli", "dev", "examples.approvals", "--port", str(port), "--ui-port",
-        str(ui_port), "--data-dir", str(tmp_path / "data"), "--task-queue", "demo-dev",
+        "-m",
+        "relaykit.cli",
+        "dev",
+        "examples.approvals",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--task-queue",
+        "demo-dev",
         env={**NOTHING_CONFIGURED, "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "t")},
     )
     lines = Lines(dev.stderr)
@@ -103,8 +117,16 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
     # then the story of the crash as the run's history tells it, and the history itself.
     port, ui_port = free_port(), free_port()
     demo = popen(
-        "-m", "relaykit.cli", "demo", "--stay", "--port", str(port), "--ui-port", str(ui_port),
-        "--data-dir", str(tmp_path / "data"),
+        "-m",
+        "relaykit.cli",
+        "demo",
+        "--stay",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--data-dir",
+        str(tmp_path / "data"),
         env={**NOTHING_CONFIGURED, "RELAYKIT_TRANSCRIPT_DIR": str(tmp_path / "store")},
     )
     err = Lines(demo.stderr)
@@ -121,7 +143,9 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
     assert "500.00 EUR = 81967.21 JPY" in answer
     assert "Paris: 14°C" in answer and "Tokyo: 19°C" in answer
     story = "\n".join(err.lines)
-    first = re.search(r"worker 1 \(pid (\d+)\) ran get_weather\(cities=\[\"Paris\", \"Tokyo\"\]\)", story)
+    first = re.search(
+        r"worker 1 \(pid (\d+)\) ran get_weather\(cities=\[\"Paris\", \"Tokyo\"\]\)", story
+    )
     assert first, story
     pid1 = int(first.group(1))
     assert f"worker 1 (pid {pid1}) killed (SIGKILL) while it ran the model call (turn 2)" in story
@@ -131,8 +155,10 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
     assert resumed, story
     pid2 = int(resumed.group(1))
     assert f"worker 2 (pid {pid2}) ran convert_currency(amount=500" in story
-    assert story.index("killed (SIGKILL)") < story.index("resumed the run") < story.index(
-        "ran convert_currency"
+    assert (
+        story.index("killed (SIGKILL)")
+        < story.index("resumed the run")
+        < story.index("ran convert_currency")
     )
     assert not _pid_alive(pid1)
 
@@ -140,16 +166,19 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
     # story names; the model call worker 1 lost was retried by worker 2.
     scheduled = {
         e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     }
     started = {
-        e.activity_task_started_event_attributes.scheduled_event_id:
-            e.activity_task_started_event_attributes
-        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        attrs.scheduled_event_id: attrs
+        for e in events
+        for attrs in [e.activity_task_started_event_attributes]
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
     }
     completed = [
         e.activity_task_completed_event_attributes.scheduled_event_id
-        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
     ]
     assert sorted(scheduled.values()) == sorted(
         ["relaykit.model_call"] * 3 + ["get_weather", "convert_currency"]

@@ -15,6 +15,7 @@ import threading
 from temporalio.client import Client
 
 from relaykit import start_run
+from relaykit.testing.scripted_server import call, text
 from tests.test_crash_recovery import (
     START_AND_FINISH,
     CrashRig,
@@ -22,18 +23,18 @@ from tests.test_crash_recovery import (
     rig,  # noqa: F401 - the fixture
     wait_requests,
 )
-from relaykit.testing.scripted_server import call, text
 
 AGENT = "deploy_lead"
 
 
-def stop(proc) -> None:  # noqa: ANN001
+def stop(proc) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
 
 
 async def test_a_continued_run_with_subagents_survives_a_deploy_that_edits_instructions_and_a_tool_schema(  # noqa: E501
-    client: Client, rig: CrashRig  # noqa: F811
+    client: Client,
+    rig: CrashRig,
 ) -> None:
     # v1 stores the request's unchanging part (system prompt, tool and subagent schemas) and the
     # transcript's start in the store, then continues as new. v2 computes another digest for its

@@ -125,4 +125,4 @@ def test_search_attribute_commands() -> None:
     assert args[:5] == ["operator", "search-attribute", "create", "--namespace", "prod"]
     names = [b for a, b in pairwise(args) if a == "--name"]
     types = [b for a, b in pairwise(args) if a == "--type"]
-    assert [f"{n}={t}" for n, t in zip(names, types)] == search_attributes.specs()
+    assert [f"{n}={t}" for n, t in zip(names, types, strict=True)] == search_attributes.specs()

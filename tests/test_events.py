@@ -49,7 +49,10 @@ def team(model_server: ScriptedModelServer, gate: threading.Event | None = None)
     model_server.script(
         manager_model.name,
         [
-            batch(call("spawn_subagent", prompt="look into it"), call("ask_summarizer", input="sum up")),
+            batch(
+                call("spawn_subagent", prompt="look into it"),
+                call("ask_summarizer", input="sum up"),
+            ),
             call("wait_subagents", timeout_seconds=30),
             text("all done"),
         ],
@@ -88,7 +91,9 @@ async def test_child_events_reach_the_root_stream_live_in_order_with_their_run_p
     for item in items:
         by_run.setdefault(item.workflow_id, []).append(item.seq)
     assert by_run[handle.id] == list(range(len(by_run[handle.id])))
-    tool_call = next(i for i in items if i.kind == "tool_call" and i.data["name"] == "ask_summarizer")
+    tool_call = next(
+        i for i in items if i.kind == "tool_call" and i.data["name"] == "ask_summarizer"
+    )
     child_id = f"{handle.id}/summarizer-1"  # agent-tool children are named after their agent
     assert tool_call.data["workflow_id"] == child_id
     task_id = f"{handle.id}/task-1"
@@ -98,7 +103,11 @@ async def test_child_events_reach_the_root_stream_live_in_order_with_their_run_p
 
     child = [i for i in items if i.workflow_id == child_id]
     assert [i.kind for i in child] == [
-        "run_started", "tool_call", "tool_result", "message", "final",
+        "run_started",
+        "tool_call",
+        "tool_result",
+        "message",
+        "final",
     ]
     assert all(i.run_path == ["manager", "summarizer"] and i.depth == 1 for i in child)
     task = [i for i in items if i.workflow_id == task_id]
@@ -109,7 +118,9 @@ async def test_child_events_reach_the_root_stream_live_in_order_with_their_run_p
     first = lambda xs: position[keys(xs[:1])[0]]  # noqa: E731
     last = lambda xs: position[keys(xs[-1:])[0]]  # noqa: E731
     tool_result = next(
-        i for i in items if i.kind == "tool_result" and i.data["call_id"] == tool_call.data["call_id"]
+        i
+        for i in items
+        if i.kind == "tool_result" and i.data["call_id"] == tool_call.data["call_id"]
     )
     assert first([tool_call]) < first(child) and last(child) < first([tool_result])
     started = next(i for i in items if i.kind == "subagent_started")
@@ -203,7 +214,8 @@ async def test_stream_follows_a_run_across_continue_as_new_without_a_gap(
     # workflow runs, in order, each event once.
     model = scripted_model(model_server)
     model_server.script(
-        model.name, [call("note", text="1"), call("note", text="2"), call("note", text="3"), text("end")]
+        model.name,
+        [call("note", text="1"), call("note", text="2"), call("note", text="3"), text("end")],
     )
     agent = Agent(name="long", model=model, tools=[note])
     async with serving(client, agent) as worker:
@@ -216,7 +228,9 @@ async def test_stream_follows_a_run_across_continue_as_new_without_a_gap(
     assert [i.seq for i in events] == list(range(len(events)))
     assert sum(i.kind == "continued_as_new" for i in events) == 3
     assert [i.data["content"] for i in events if i.kind == "tool_result"] == [
-        "noted: 1", "noted: 2", "noted: 3",
+        "noted: 1",
+        "noted: 2",
+        "noted: 3",
     ]
     assert events[-1].kind == "final"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedReques
 from tests.support import scripted_model, serving
 
 
-def openai_request(index: int, tools: list[str], messages: list[dict[str, object]]) -> ScriptedRequest:
+def openai_request(
+    index: int, tools: list[str], messages: list[dict[str, object]]
+) -> ScriptedRequest:
     body = {
         "model": "m",
         "messages": messages,
@@ -31,9 +34,18 @@ def test_research_lead_asks_the_editor_even_when_researchers_asked_the_server_fi
 
     spawned = [
         {"role": "user", "content": "Compare Temporal and Celery"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"c{i}", "type": "function",
-             "function": {"name": "spawn_subagent", "arguments": "{}"}} for i in (1, 2)]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": f"c{i}",
+                    "type": "function",
+                    "function": {"name": "spawn_subagent", "arguments": "{}"},
+                }
+                for i in (1, 2)
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "started task-1"},
         {"role": "tool", "tool_call_id": "c2", "content": "started task-2"},
     ]
@@ -60,7 +72,9 @@ async def test_approvals_stand_in_asks_for_a_refund_and_reports_the_persons_deci
     model_server.respond(model.name, scripted_refunds)
     async with serving(client, refund_agent, default_model=model) as worker:
         handle = await start_run(
-            client, refund_agent, "Refund order A-1001, the jacket leaks",
+            client,
+            refund_agent,
+            "Refund order A-1001, the jacket leaks",
             task_queue=worker.task_queue,
         )
         pending = []
@@ -83,8 +97,9 @@ async def test_approvals_stand_in_asks_for_a_refund_and_reports_the_persons_deci
 def test_approvals_stand_in_asks_for_the_order_when_none_is_named() -> None:
     from examples.approvals import scripted_refunds
 
-    step = scripted_refunds(openai_request(0, ["look_up_order"], [
-        {"role": "user", "content": "I want my money back"}]))
+    step = scripted_refunds(
+        openai_request(0, ["look_up_order"], [{"role": "user", "content": "I want my money back"}])
+    )
     assert not step.calls and "Which order" in step.text
 
 
@@ -105,7 +120,8 @@ def test_quickstart_first_install_shows_pip_progress_and_later_refreshes_are_qui
 
     monkeypatch.setattr(quickstart.venv, "create", create)
     monkeypatch.setattr(
-        quickstart, "_pip",
+        quickstart,
+        "_pip",
         lambda *args, quiet=False: installs.append(quickstart.pip_command(*args, quiet=quiet)),
     )
     quickstart.ensure_venv()
@@ -116,3 +132,69 @@ def test_quickstart_first_install_shows_pip_progress_and_later_refreshes_are_qui
     installs.clear()
     quickstart.ensure_venv()
     assert installs and all("--quiet" in c for c in installs)
+
+
+def _stub_tools(tmp_path: Path, failing: set[str], pytest_status: int = 0) -> Path:
+    """Executables named like the shape tools and python, each logging its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("ruff", "mypy", "lint-imports", "python"):
+        status = pytest_status if name == "python" else int(name in failing)
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> "{tmp_path / "calls"}"\nexit {status}\n')
+        script.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize(
+    ("failing", "pytest_status", "expected"),
+    [(set(), 0, 0), ({"mypy"}, 0, 1), (set(), 3, 3), ({"ruff"}, 0, 1)],
+)
+def test_quickstart_test_runs_every_shape_check_then_pytest_and_fails_naming_failed_checks(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    failing: set[str],
+    pytest_status: int,
+    expected: int,
+) -> None:
+    import quickstart
+
+    bin_dir = _stub_tools(tmp_path, failing, pytest_status)
+    monkeypatch.setattr(quickstart, "BIN", bin_dir)
+    monkeypatch.setattr(quickstart, "PYTHON", bin_dir / "python")
+    monkeypatch.setattr(quickstart, "ensure_venv", lambda: None)
+    monkeypatch.chdir(tmp_path)  # main() moves to the checkout; this restores the directory
+    monkeypatch.setattr(sys, "argv", ["quickstart.py", "test", "tests/test_cli.py", "-x"])
+    assert quickstart.main() == expected
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[0:2] for c in calls] == [
+        ["ruff", "check"],
+        ["ruff", "format"],
+        ["mypy"],
+        ["lint-imports"],
+        ["python", "-m"],
+    ]
+    assert calls[-1] == "python -m pytest tests/test_cli.py -x"  # extra arguments reach pytest
+    err = capsys.readouterr().err
+    names = {"ruff": "ruff check, ruff format", "mypy": "mypy"}
+    if failing:
+        assert f"shape checks failed: {names[next(iter(failing))]} " in err
+    else:
+        assert "shape checks failed" not in err
+
+
+def test_quickstart_shape_runs_the_checks_alone_and_exits_non_zero_when_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import quickstart
+
+    bin_dir = _stub_tools(tmp_path, {"lint-imports"})
+    monkeypatch.setattr(quickstart, "BIN", bin_dir)
+    monkeypatch.setattr(quickstart, "PYTHON", bin_dir / "python")
+    monkeypatch.setattr(quickstart, "ensure_venv", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["quickstart.py", "shape"])
+    assert quickstart.main() == 1
+    assert not any(c.startswith("python") for c in (tmp_path / "calls").read_text().splitlines())
+    assert "shape checks failed: import-linter" in capsys.readouterr().err

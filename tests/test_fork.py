@@ -51,15 +51,21 @@ async def cli(*args: str, address: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relaykit.cli", *args, cwd=REPO_ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "relaykit.cli",
+        *args,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_and_runs_no_tool_again(
+async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_and_runs_no_tool_again(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
 ) -> None:
     # The fork's first model request holds the prompt, turns 1-2 and the new input, nothing of
@@ -67,10 +73,15 @@ async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_an
     invocations: list[str] = []
     lookup, _ = counting_tools(invocations)
     model = scripted_model(model_server)
-    model_server.script(model.name, [
-        call("lookup", key="a"), call("lookup", key="b"), text("first answer"),
-        text("forked answer"),
-    ])
+    model_server.script(
+        model.name,
+        [
+            call("lookup", key="a"),
+            call("lookup", key="b"),
+            text("first answer"),
+            text("forked answer"),
+        ],
+    )
     agent = Agent(name="forked_researcher", model=model, tools=[lookup])
     async with serving(client, agent) as worker:
         original = await start_run(client, agent, "find a and b", task_queue=worker.task_queue)
@@ -79,8 +90,9 @@ async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_an
         fork = await fork_run(client, original.id, 2, input="now answer in one word")
         result = await fork.result()
         assert len(await history_events(original.workflow)) == events_before  # untouched
-        code, out, err = await cli("fork", original.id, "--at-turn", "4",
-                                   address=temporal_server.address)
+        code, out, err = await cli(
+            "fork", original.id, "--at-turn", "4", address=temporal_server.address
+        )
     assert first.output == "first answer"
     assert result.output == "forked answer"
     assert result.turns == 3 and result.forked_from == f"{original.id}@2"
@@ -88,8 +100,10 @@ async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_an
     sent = turns_sent(model_server.requests(model.name)[3])
     assert sent == [
         ("user", "find a and b"),
-        ("assistant", "lookup"), ("tool", "a is 42"),
-        ("assistant", "lookup"), ("tool", "b is 42"),
+        ("assistant", "lookup"),
+        ("tool", "a is 42"),
+        ("assistant", "lookup"),
+        ("tool", "b is 42"),
         ("user", "now answer in one word"),
     ]
     described = await fork.workflow.describe()
@@ -149,29 +163,51 @@ async def test_a_fork_reaches_back_across_continue_as_new(
     invocations: list[str] = []
     lookup, _ = counting_tools(invocations)
     model = scripted_model(model_server)
-    model_server.script(model.name, [
-        call("lookup", key="k1"), call("lookup", key="k2"), call("lookup", key="k3"),
-        text("done"), text("forked done"),
-    ])
+    model_server.script(
+        model.name,
+        [
+            call("lookup", key="k1"),
+            call("lookup", key="k2"),
+            call("lookup", key="k3"),
+            text("done"),
+            text("forked done"),
+        ],
+    )
     agent = Agent(name="forked_long", model=model, tools=[lookup])
     async with serving(client, agent) as worker:
-        original = await start_run(client, agent, "three lookups", task_queue=worker.task_queue,
-                                   continue_as_new_after_turns=2)
+        original = await start_run(
+            client,
+            agent,
+            "three lookups",
+            task_queue=worker.task_queue,
+            continue_as_new_after_turns=2,
+        )
         assert (await original.result()).output == "done"
         history = await history_events(client.get_workflow_handle(original.id))
         started = history[0].workflow_execution_started_event_attributes
         assert started.continued_execution_run_id  # the last run is not the first
-        code, out, err = await cli("fork", original.id, "--at-turn", "3", "--wait",
-                                   "--id", f"{original.id}-again", address=temporal_server.address)
+        code, out, err = await cli(
+            "fork",
+            original.id,
+            "--at-turn",
+            "3",
+            "--wait",
+            "--id",
+            f"{original.id}-again",
+            address=temporal_server.address,
+        )
         assert code == 0, err
         result = await get_run(client, f"{original.id}-again").result()
     assert out.splitlines() == [f"{original.id}-again", "forked done"]
     assert result.output == "forked done" and result.turns == 4
     assert turns_sent(model_server.requests(model.name)[4]) == [
         ("user", "three lookups"),
-        ("assistant", "lookup"), ("tool", "k1 is 42"),
-        ("assistant", "lookup"), ("tool", "k2 is 42"),
-        ("assistant", "lookup"), ("tool", "k3 is 42"),
+        ("assistant", "lookup"),
+        ("tool", "k1 is 42"),
+        ("assistant", "lookup"),
+        ("tool", "k2 is 42"),
+        ("assistant", "lookup"),
+        ("tool", "k3 is 42"),
     ]
     assert invocations == ["lookup k1", "lookup k2", "lookup k3"]
 
@@ -185,13 +221,23 @@ async def test_a_fork_after_a_handoff_goes_on_with_the_agent_that_took_over(
     lookup, _ = counting_tools(invocations)
     triage_model, billing_model = scripted_model(model_server), scripted_model(model_server)
     model_server.script(triage_model.name, [call("transfer_to_forked_billing")])
-    model_server.script(billing_model.name, [
-        call("lookup", key="invoice"), text("billing answer"), text("forked billing answer"),
-    ])
-    billing = Agent(name="forked_billing", instructions="You handle invoices.",
-                    model=billing_model, tools=[lookup])
-    triage = Agent(name="forked_triage", instructions="Route.", model=triage_model,
-                   handoffs=[billing])
+    model_server.script(
+        billing_model.name,
+        [
+            call("lookup", key="invoice"),
+            text("billing answer"),
+            text("forked billing answer"),
+        ],
+    )
+    billing = Agent(
+        name="forked_billing",
+        instructions="You handle invoices.",
+        model=billing_model,
+        tools=[lookup],
+    )
+    triage = Agent(
+        name="forked_triage", instructions="Route.", model=triage_model, handoffs=[billing]
+    )
     async with serving(client, triage) as worker:
         original = await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
         assert (await original.result()).final_agent == "forked_billing"
@@ -229,26 +275,34 @@ async def test_a_namespace_without_relay_fork_of_still_gets_the_other_attributes
 
     namespace = f"older-{uuid.uuid4().hex[:8]}"
     first = await Client.connect(temporal_server.address, data_converter=pydantic_data_converter)
-    await first.workflow_service.register_namespace(RegisterNamespaceRequest(
-        namespace=namespace,
-        workflow_execution_retention_period=Duration(seconds=int(timedelta(days=1).total_seconds())),
-    ))
-    client = await Client.connect(temporal_server.address, namespace=namespace,
-                                  data_converter=pydantic_data_converter)
+    await first.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace,
+            workflow_execution_retention_period=Duration(
+                seconds=int(timedelta(days=1).total_seconds())
+            ),
+        )
+    )
+    client = await Client.connect(
+        temporal_server.address, namespace=namespace, data_converter=pydantic_data_converter
+    )
     for _ in range(200):  # a new namespace reaches the frontend's cache after a moment
         try:
-            await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
-                namespace=namespace,
-                search_attributes={
-                    key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
-                    for key in UPSERTED
-                },
-            ))
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(
+                    namespace=namespace,
+                    search_attributes={
+                        key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
+                        for key in UPSERTED
+                    },
+                )
+            )
             break
         except Exception:  # noqa: BLE001 - namespace not visible yet
             await asyncio.sleep(0.1)
     listed = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace))
+        ListSearchAttributesRequest(namespace=namespace)
+    )
     assert "RelayStatus" in listed.custom_attributes
     assert "RelayForkOf" not in listed.custom_attributes
     invocations: list[str] = []

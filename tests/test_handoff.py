@@ -138,7 +138,9 @@ def test_graph_rejects_two_tools_with_the_same_name() -> None:
         return invoice_id
 
     with pytest.raises(ConfigurationError, match="two different tools are named 'refund_status'"):
-        AgentGraph.build([plain("a", tools=[refund_status]), plain("b", tools=[other_refund_status])])
+        AgentGraph.build(
+            [plain("a", tools=[refund_status]), plain("b", tools=[other_refund_status])]
+        )
     with pytest.raises(ConfigurationError, match="agent 'a' has two tools named 'refund_status'"):
         AgentGraph.build([plain("a", tools=[refund_status, refund_status])])
 
@@ -147,11 +149,21 @@ def test_graph_rejects_handoff_name_collisions() -> None:
     # One tool name, one meaning: one target, one on_handoff, never also a function tool.
     billing, support = plain("billing"), plain("support")
     with pytest.raises(ConfigurationError, match="leads to two different agents"):
-        AgentGraph.build([plain("a", handoffs=[Handoff(billing, name="escalate")]),
-                          plain("b", handoffs=[Handoff(support, name="escalate")])])
+        AgentGraph.build(
+            [
+                plain("a", handoffs=[Handoff(billing, name="escalate")]),
+                plain("b", handoffs=[Handoff(support, name="escalate")]),
+            ]
+        )
     with pytest.raises(ConfigurationError, match="two tools named 'escalate'"):
-        AgentGraph.build([plain("a", handoffs=[Handoff(billing, name="escalate"),
-                                               Handoff(support, name="escalate")])])
+        AgentGraph.build(
+            [
+                plain(
+                    "a",
+                    handoffs=[Handoff(billing, name="escalate"), Handoff(support, name="escalate")],
+                )
+            ]
+        )
 
     @tool(name="transfer_to_billing")
     def fake_transfer() -> str:
@@ -163,8 +175,12 @@ def test_graph_rejects_handoff_name_collisions() -> None:
         with pytest.raises(ConfigurationError, match="collides with a function tool"):
             AgentGraph.build(roots)
     with pytest.raises(ConfigurationError, match="two different on_handoff callbacks"):
-        AgentGraph.build([plain("a", handoffs=[Handoff(billing, on_handoff=lambda a, d: None)]),
-                          plain("b", handoffs=[Handoff(billing, on_handoff=lambda a, d: None)])])
+        AgentGraph.build(
+            [
+                plain("a", handoffs=[Handoff(billing, on_handoff=lambda a, d: None)]),
+                plain("b", handoffs=[Handoff(billing, on_handoff=lambda a, d: None)]),
+            ]
+        )
     # A plain handoff next to one with a callback is fine: the callback is what gets registered.
     audit = lambda args, data: None  # noqa: E731
     audited = plain("b", handoffs=[Handoff(billing, on_handoff=audit)])
@@ -196,22 +212,41 @@ async def test_target_sees_the_whole_history_and_only_the_system_prompt_is_rebui
 ) -> None:
     # After the switch the target gets every message, call and result, under its own system
     # prompt, tools, handoffs and the run's extra instructions.
-    billing = agent(model_server, "billing", instructions="You handle billing.",
-                    description="Refunds and invoices.", tools=[refund_status])
+    billing = agent(
+        model_server,
+        "billing",
+        instructions="You handle billing.",
+        description="Refunds and invoices.",
+        tools=[refund_status],
+    )
     support = agent(model_server, "support", instructions="You fix things.")
     triage = agent(
-        model_server, "triage", instructions="You route.", tools=[lookup_customer],
+        model_server,
+        "triage",
+        instructions="You route.",
+        tools=[lookup_customer],
         handoffs=[billing, Handoff(support, name="escalate", description="Anything technical.")],
     )
     billing.handoffs = [triage]
-    model_server.script(model_name(triage), [
-        batch(call("lookup_customer", email="ann@example.com"),
-              call("transfer_to_billing", reason="double charge"), text="Routing you."),
-    ])
+    model_server.script(
+        model_name(triage),
+        [
+            batch(
+                call("lookup_customer", email="ann@example.com"),
+                call("transfer_to_billing", reason="double charge"),
+                text="Routing you.",
+            ),
+        ],
+    )
     model_server.script(model_name(billing), [text("Your refund is on its way.")])
     async with serving(client, triage) as worker:
-        handle = await start_run(client, triage, "I was charged twice", task_queue=worker.task_queue,
-                                 extra_instructions="Be brief.")
+        handle = await start_run(
+            client,
+            triage,
+            "I was charged twice",
+            task_queue=worker.task_queue,
+            extra_instructions="Be brief.",
+        )
         result = await handle.result()
     assert (result.output, result.final_agent) == ("Your refund is on its way.", "billing")
     [first] = model_server.requests(model_name(triage))
@@ -227,10 +262,12 @@ async def test_target_sees_the_whole_history_and_only_the_system_prompt_is_rebui
     assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool", "tool"]
     assert second.messages[2]["content"] == "Routing you."
     assert [c["function"]["name"] for c in second.messages[2]["tool_calls"]] == [
-        "lookup_customer", "transfer_to_billing",
+        "lookup_customer",
+        "transfer_to_billing",
     ]
     assert second.tool_results == [
-        "ann@example.com: plan pro, two charges of 49 EUR on 2025-03-02", '{"assistant": "billing"}',
+        "ann@example.com: plan pro, two charges of 49 EUR on 2025-03-02",
+        '{"assistant": "billing"}',
     ]
     assert model_server.request_count(model_name(support)) == 0
 
@@ -259,10 +296,14 @@ async def test_second_handoff_in_same_turn_is_rejected_before_its_on_handoff_run
     ran: list[str] = []
     billing = agent(model_server, "billing")
     support = agent(model_server, "support")
-    triage = agent(model_server, "triage", handoffs=[
-        Handoff(billing, on_handoff=lambda args, data: ran.append("billing")),
-        Handoff(support, on_handoff=lambda args, data: ran.append("support")),
-    ])
+    triage = agent(
+        model_server,
+        "triage",
+        handoffs=[
+            Handoff(billing, on_handoff=lambda args, data: ran.append("billing")),
+            Handoff(support, on_handoff=lambda args, data: ran.append("support")),
+        ],
+    )
     model_server.script(
         model_name(triage), [batch(call("transfer_to_billing"), call("transfer_to_support"))]
     )
@@ -272,7 +313,9 @@ async def test_second_handoff_in_same_turn_is_rejected_before_its_on_handoff_run
         result = await handle.result()
     assert ran == ["billing"]
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "transfer_to_billing", "relaykit.model_call",
+        "relaykit.model_call",
+        "transfer_to_billing",
+        "relaykit.model_call",
     ]
     accepted, rejected = [m for m in result.transcript if m.role == "tool"]
     assert not accepted.is_error
@@ -300,12 +343,22 @@ async def test_handoff_runs_in_request_order_among_the_turns_calls_and_switches_
         return "account ok"
 
     billing = agent(model_server, "billing", instructions="You handle billing.")
-    triage = agent(model_server, "triage", tools=[check_account], handoffs=[
-        Handoff(billing, on_handoff=lambda args, data: order.append("handoff")),
-    ])
-    model_server.script(model_name(triage), [
-        batch(call("transfer_to_billing", reason="refund"), call("check_account", email="a@b.c")),
-    ])
+    triage = agent(
+        model_server,
+        "triage",
+        tools=[check_account],
+        handoffs=[
+            Handoff(billing, on_handoff=lambda args, data: order.append("handoff")),
+        ],
+    )
+    model_server.script(
+        model_name(triage),
+        [
+            batch(
+                call("transfer_to_billing", reason="refund"), call("check_account", email="a@b.c")
+            ),
+        ],
+    )
     model_server.script(model_name(billing), [text("done")])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund please", task_queue=worker.task_queue)
@@ -318,12 +371,14 @@ async def test_handoff_runs_in_request_order_among_the_turns_calls_and_switches_
             ids[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
     completed = {
         ids[e.activity_task_completed_event_attributes.scheduled_event_id]: e.event_id
-        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
     }
     tool_scheduled = next(i for i, name in ids.items() if name == "check_account")
     assert completed["transfer_to_billing"] < tool_scheduled
     assert [m.name for m in result.transcript if m.role == "tool"] == [
-        "transfer_to_billing", "check_account",
+        "transfer_to_billing",
+        "check_account",
     ]
     assert model_server.request_count(model_name(triage)) == 1
     [next_request] = model_server.requests(model_name(billing))
@@ -338,7 +393,9 @@ async def test_hallucinated_handoff_gets_an_error_result_and_no_switch(
     support = agent(model_server, "support")
     billing = agent(model_server, "billing", handoffs=[support])
     triage = agent(model_server, "triage", handoffs=[billing])
-    model_server.script(model_name(triage), [call("transfer_to_support"), text("I will help myself.")])
+    model_server.script(
+        model_name(triage), [call("transfer_to_support"), text("I will help myself.")]
+    )
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "help", task_queue=worker.task_queue)
         result = await handle.result()
@@ -362,13 +419,19 @@ async def test_usage_and_turns_add_up_across_agents_without_a_child_workflow(
     billing = agent(model_server, "billing", tools=[refund_status])
     triage = agent(model_server, "triage", handoffs=[billing])
     model_server.script(model_name(triage), [call("transfer_to_billing")])
-    model_server.script(model_name(billing), [call("refund_status", invoice_id="INV-1"), text("refunded")])
+    model_server.script(
+        model_name(billing), [call("refund_status", invoice_id="INV-1"), text("refunded")]
+    )
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund?", task_queue=worker.task_queue)
         result = await handle.result()
         assert (await handle.state()).usage == result.usage
     assert result.turns == 3
-    assert (result.usage.requests, result.usage.input_tokens, result.usage.output_tokens) == (3, 30, 15)
+    assert (result.usage.requests, result.usage.input_tokens, result.usage.output_tokens) == (
+        3,
+        30,
+        15,
+    )
     child_events = {
         EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
         EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED,
@@ -381,14 +444,18 @@ async def test_max_turns_and_budget_count_across_agents(
 ) -> None:
     # max_turns=2: triage's turn and billing's first turn use it up; a 25-token budget is
     # exceeded by billing's first call (15 tokens each).
-    for limits, failure_type in (({"max_turns": 2}, "MaxTurnsExceeded"),
-                                 ({"budget": Budget(max_total_tokens=25)}, "BudgetExceeded")):
+    for limits, failure_type in (
+        ({"max_turns": 2}, "MaxTurnsExceeded"),
+        ({"budget": Budget(max_total_tokens=25)}, "BudgetExceeded"),
+    ):
         billing = agent(model_server, "billing", tools=[refund_status])
         triage = agent(model_server, "triage", handoffs=[billing])
         model_server.script(model_name(triage), [call("transfer_to_billing")])
         model_server.script(model_name(billing), [call("refund_status", invoice_id="INV-1")] * 3)
         async with serving(client, triage) as worker:
-            handle = await start_run(client, triage, "refund?", task_queue=worker.task_queue, **limits)
+            handle = await start_run(
+                client, triage, "refund?", task_queue=worker.task_queue, **limits
+            )
             with pytest.raises(RunFailed) as failure:
                 await handle.result()
         assert failure.value.type == failure_type
@@ -408,7 +475,9 @@ async def test_cycles_between_agents_are_legal_and_bounded_by_max_turns(
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "hi", task_queue=worker.task_queue)
         result = await handle.result()
-        handoffs = [(e.data["from"], e.data["to"]) for e in await handle.events() if e.kind == "handoff"]
+        handoffs = [
+            (e.data["from"], e.data["to"]) for e in await handle.events() if e.kind == "handoff"
+        ]
     assert (result.output, result.final_agent, result.turns) == ("back at triage", "triage", 3)
     assert handoffs == [("triage", "billing"), ("billing", "triage")]
 
@@ -445,17 +514,25 @@ async def test_each_agent_uses_its_own_output_type_after_the_switch(
     model_server.script(model_name(triage), [call("transfer_to_billing")])
     model_server.script(model_name(billing), [text('{"invoice_id": "INV-1", "approved": true}')])
     async with serving(client, triage) as worker:
-        result = await (await start_run(client, triage, "refund?", task_queue=worker.task_queue)).result()
+        result = await (
+            await start_run(client, triage, "refund?", task_queue=worker.task_queue)
+        ).result()
     assert result.output == {"invoice_id": "INV-1", "approved": True}
     assert "response_format" not in model_server.requests(model_name(triage))[0].body
-    schema = model_server.requests(model_name(billing))[0].body["response_format"]["json_schema"]["schema"]
+    schema = model_server.requests(model_name(billing))[0].body["response_format"]["json_schema"][
+        "schema"
+    ]
     assert schema["required"] == ["invoice_id", "approved"]
 
 
 # Agents of the user workflow below: module-level and model-less, as in an application (the
 # worker's default model serves them).
-override_billing = Agent(name="override_billing", instructions="You handle billing.", output_type=Refund)
-override_triage = Agent(name="override_triage", instructions="You route.", handoffs=[override_billing])
+override_billing = Agent(
+    name="override_billing", instructions="You handle billing.", output_type=Refund
+)
+override_triage = Agent(
+    name="override_triage", instructions="You route.", handoffs=[override_billing]
+)
 
 
 @workflow.defn
@@ -474,20 +551,34 @@ async def test_run_level_output_type_follows_the_run_across_handoffs(
     # run_agent(..., output_type=Ticket) constrains every agent the run reaches, overriding
     # billing's own Refund.
     model = scripted_model(model_server)
-    model_server.script(model.name, [call("transfer_to_override_billing"),
-                                     text('{"queue": "billing", "summary": "double charge"}')])
-    async with serving(client, override_triage, default_model=model, workflows=[RouteToTicket]) as worker:
+    model_server.script(
+        model.name,
+        [
+            call("transfer_to_override_billing"),
+            text('{"queue": "billing", "summary": "double charge"}'),
+        ],
+    )
+    async with serving(
+        client, override_triage, default_model=model, workflows=[RouteToTicket]
+    ) as worker:
         outcome = await client.execute_workflow(
-            RouteToTicket.run, "charged twice", id=f"route-{uuid.uuid4().hex[:8]}",
+            RouteToTicket.run,
+            "charged twice",
+            id=f"route-{uuid.uuid4().hex[:8]}",
             task_queue=worker.task_queue,
         )
-    assert outcome == {"output": {"queue": "billing", "summary": "double charge"},
-                       "final_agent": "override_billing"}
+    assert outcome == {
+        "output": {"queue": "billing", "summary": "double charge"},
+        "final_agent": "override_billing",
+    }
     triage_request, billing_request = model_server.requests(model.name)
     assert triage_request.system.startswith("You route.\n\n## Output format")
     assert billing_request.system.startswith("You handle billing.\n\n## Output format")
     for request in (triage_request, billing_request):
-        assert request.body["response_format"]["json_schema"]["schema"]["required"] == ["queue", "summary"]
+        assert request.body["response_format"]["json_schema"]["schema"]["required"] == [
+            "queue",
+            "summary",
+        ]
         assert '"title":"Ticket"' in request.system  # the run's type is the one stated
 
 
@@ -504,19 +595,27 @@ async def test_on_handoff_runs_as_an_activity_named_after_the_handoff_tool(
         seen.append((args, data))
 
     billing = agent(model_server, "billing")
-    triage = agent(model_server, "triage", handoffs=[Handoff(billing, name="to_billing", on_handoff=audit)])
+    triage = agent(
+        model_server, "triage", handoffs=[Handoff(billing, name="to_billing", on_handoff=audit)]
+    )
     model_server.script(model_name(triage), [call("to_billing", reason="charged twice")])
     model_server.script(model_name(billing), [text("ok")])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "help", task_queue=worker.task_queue)
         await handle.result()
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "to_billing", "relaykit.model_call",
+        "relaykit.model_call",
+        "to_billing",
+        "relaykit.model_call",
     ]
     [(args, data)] = seen
     assert args.reason == "charged twice"
     assert (data.source, data.target, data.reason, data.turn, data.workflow_id) == (
-        "triage", "billing", "charged twice", 1, handle.id,
+        "triage",
+        "billing",
+        "charged twice",
+        1,
+        handle.id,
     )
     assert (await activity_summaries(handle.workflow, client))[1] == "triage → billing"
 
@@ -550,16 +649,26 @@ async def test_remove_tool_calls_filter_hides_calls_and_results_from_the_target(
 ) -> None:
     # The target sees what people and agents said, not the tool traffic.
     billing = agent(model_server, "billing", instructions="You handle billing.")
-    triage = agent(model_server, "triage", tools=[lookup_customer], handoffs=[
-        Handoff(billing, input_filter=relaykit.remove_tool_calls),
-    ])
-    model_server.script(model_name(triage), [
-        call("lookup_customer", email="ann@example.com"),
-        batch(call("transfer_to_billing"), text="Ann has two charges; passing you to billing."),
-    ])
+    triage = agent(
+        model_server,
+        "triage",
+        tools=[lookup_customer],
+        handoffs=[
+            Handoff(billing, input_filter=relaykit.remove_tool_calls),
+        ],
+    )
+    model_server.script(
+        model_name(triage),
+        [
+            call("lookup_customer", email="ann@example.com"),
+            batch(call("transfer_to_billing"), text="Ann has two charges; passing you to billing."),
+        ],
+    )
     model_server.script(model_name(billing), [text("refunded")])
     async with serving(client, triage) as worker:
-        await (await start_run(client, triage, "charged twice", task_queue=worker.task_queue)).result()
+        await (
+            await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
+        ).result()
     [request] = model_server.requests(model_name(billing))
     assert [(m["role"], m["content"]) for m in request.messages[1:]] == [
         ("user", "charged twice"),
@@ -572,26 +681,38 @@ async def test_for_context_rewrite_filter_turns_other_agents_words_into_context(
 ) -> None:
     # Eino's rewrite: "For context: [triage] said …", so billing does not take it as its own.
     billing = agent(model_server, "billing", instructions="You handle billing.")
-    triage = agent(model_server, "triage", tools=[lookup_customer], handoffs=[
-        Handoff(billing, input_filter=relaykit.for_context_rewrite),
-    ])
-    model_server.script(model_name(triage), [
-        batch(call("lookup_customer", email="ann@example.com"), text="Checking."),
-        call("transfer_to_billing"),
-    ])
+    triage = agent(
+        model_server,
+        "triage",
+        tools=[lookup_customer],
+        handoffs=[
+            Handoff(billing, input_filter=relaykit.for_context_rewrite),
+        ],
+    )
+    model_server.script(
+        model_name(triage),
+        [
+            batch(call("lookup_customer", email="ann@example.com"), text="Checking."),
+            call("transfer_to_billing"),
+        ],
+    )
     model_server.script(model_name(billing), [text("refunded")])
     async with serving(client, triage) as worker:
-        await (await start_run(client, triage, "charged twice", task_queue=worker.task_queue)).result()
+        await (
+            await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
+        ).result()
     [request] = model_server.requests(model_name(billing))
     assert [m["role"] for m in request.messages[1:]] == ["user"] * 6
     assert [m["content"] for m in request.messages[1:]] == [
         "charged twice",
         "For context: [triage] said: Checking.",
-        'For context: [triage] called tool `lookup_customer` with arguments: {"email": "ann@example.com"}',
+        "For context: [triage] called tool `lookup_customer` with arguments: "
+        '{"email": "ann@example.com"}',
         "For context: [triage] `lookup_customer` tool returned result: "
         "ann@example.com: plan pro, two charges of 49 EUR on 2025-03-02",
         "For context: [triage] called tool `transfer_to_billing` with arguments: {}",
-        'For context: [triage] `transfer_to_billing` tool returned result: {"assistant": "billing"}',
+        "For context: [triage] `transfer_to_billing` tool returned result: "
+        '{"assistant": "billing"}',
     ]
 
 
@@ -610,11 +731,14 @@ def _clock_filter(data: HandoffInputData) -> list[Message]:
     return data.history
 
 
-@pytest.mark.parametrize(("input_filter", "problem"), [
-    (_raising_filter, "raised ValueError: no history for you"),
-    (_dict_filter, "returned a dict among its messages"),
-    (_clock_filter, "raised RestrictedWorkflowAccessError"),
-])
+@pytest.mark.parametrize(
+    ("input_filter", "problem"),
+    [
+        (_raising_filter, "raised ValueError: no history for you"),
+        (_dict_filter, "returned a dict among its messages"),
+        (_clock_filter, "raised RestrictedWorkflowAccessError"),
+    ],
+)
 async def test_a_broken_input_filter_ends_the_run_with_a_typed_error(
     client: Client, model_server: ScriptedModelServer, input_filter: Any, problem: str
 ) -> None:
@@ -628,10 +752,13 @@ async def test_a_broken_input_filter_ends_the_run_with_a_typed_error(
         with pytest.raises(RunFailed) as failure:
             await asyncio.wait_for(handle.result(), timeout=30)
     assert failure.value.type == "HandoffFilterFailed"
-    assert failure.value.message.startswith(f"the input_filter of handoff triage → billing {problem}")
+    assert failure.value.message.startswith(
+        f"the input_filter of handoff triage → billing {problem}"
+    )
     assert model_server.request_count(model_name(billing)) == 0
     assert not [
-        e for e in await history_events(handle.workflow)
+        e
+        for e in await history_events(handle.workflow)
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
     ]
 
@@ -662,7 +789,12 @@ async def test_current_agent_shows_in_queries_search_attributes_events_and_detai
             )
             assert "**agent:** billing" in metadata.current_details
             [handoff] = [e for e in await handle.events() if e.kind == "handoff"]
-            assert handoff.data == {"from": "triage", "to": "billing", "reason": "double charge", "turn": 1}
+            assert handoff.data == {
+                "from": "triage",
+                "to": "billing",
+                "reason": "double charge",
+                "turn": 1,
+            }
             assert handoff.agent == "triage"
         finally:
             hold.set()
@@ -678,8 +810,9 @@ async def test_new_worker_continues_a_handed_over_run_with_the_target_agent(
     billing = agent(model_server, "billing", instructions="You handle billing.")
     triage = agent(model_server, "triage", handoffs=[billing])
     model_server.script(model_name(triage), [call("transfer_to_billing")])
-    model_server.script(model_name(billing), [text("lost with the first worker", hold=hold),
-                                              text("refunded")])
+    model_server.script(
+        model_name(billing), [text("lost with the first worker", hold=hold), text("refunded")]
+    )
     task_queue = f"tq-{uuid.uuid4().hex[:10]}"
     async with serving(client, triage, task_queue=task_queue):
         handle = await start_run(client, triage, "charged twice", task_queue=task_queue)
@@ -701,7 +834,9 @@ async def test_activity_summaries_name_the_agent_of_each_turn(
     billing = agent(model_server, "billing", tools=[refund_status])
     triage = agent(model_server, "triage", handoffs=[billing])
     model_server.script(model_name(triage), [call("transfer_to_billing")])
-    model_server.script(model_name(billing), [call("refund_status", invoice_id="INV-1"), text("refunded")])
+    model_server.script(
+        model_name(billing), [call("refund_status", invoice_id="INV-1"), text("refunded")]
+    )
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund?", task_queue=worker.task_queue)
         await handle.result()
@@ -730,14 +865,21 @@ async def test_triage_example_routes_to_billing_and_support_end_to_end(
     async with serving(client, [example.triage], default_model=model) as worker:
         queue = worker.task_queue
         billing_run = await start_run(client, "triage", "I was charged twice", task_queue=queue)
-        support_run = await start_run(client, "triage", "Login fails with error 500", task_queue=queue)
+        support_run = await start_run(
+            client, "triage", "Login fails with error 500", task_queue=queue
+        )
         billed, supported = await billing_run.result(), await support_run.result()
         support_events = await support_run.events()
     assert billed.final_agent == "billing"
     assert "INV-1042" in billed.output and "refund of 49.00 EUR approved" in billed.output
     assert await scheduled_activities(billing_run.workflow) == [
-        "relaykit.model_call", "transfer_to_billing", "relaykit.model_call", "lookup_invoice",
-        "relaykit.model_call", "refund_status", "relaykit.model_call",
+        "relaykit.model_call",
+        "transfer_to_billing",
+        "relaykit.model_call",
+        "lookup_invoice",
+        "relaykit.model_call",
+        "refund_status",
+        "relaykit.model_call",
     ]
     assert supported.final_agent == "support"
     assert "degraded" in supported.output
@@ -750,9 +892,13 @@ async def test_the_on_handoff_activity_result_reads_source_to_target_in_the_ui(
     # The Temporal UI shows the activity's result; it names the two agents instead of a
     # binary/null payload.
     billing = agent(model_server, "billing")
-    triage = agent(model_server, "triage", handoffs=[
-        Handoff(billing, on_handoff=lambda args, data: None),
-    ])
+    triage = agent(
+        model_server,
+        "triage",
+        handoffs=[
+            Handoff(billing, on_handoff=lambda args, data: None),
+        ],
+    )
     model_server.script(model_name(triage), [call("transfer_to_billing", reason="refund")])
     model_server.script(model_name(billing), [text("done")])
     async with serving(client, triage) as worker:
@@ -761,11 +907,13 @@ async def test_the_on_handoff_activity_result_reads_source_to_target_in_the_ui(
     events = await history_events(handle.workflow)
     scheduled = {
         e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     }
     [payload] = [
         e.activity_task_completed_event_attributes.result.payloads[0]
-        for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
         and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
         == "transfer_to_billing"
     ]

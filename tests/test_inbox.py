@@ -24,15 +24,20 @@ import pytest
 from temporalio.client import Client
 
 from relaykit import Agent, RunHandle, start_run, tool
-from relaykit.devserver import DevServer
+from relaykit.devserver import DEFAULT_UI_URL, DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from tests.support import scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 
 
@@ -49,10 +54,10 @@ class Inbox:
 
 
 def _env(address: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TEMPORAL_", "RELAYKIT_INBOX"))}
-    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1",
-               COLUMNS="300", **extra)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_INBOX"))}
+    env.update(
+        TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300", **extra
+    )
     return env
 
 
@@ -73,12 +78,17 @@ def start_inbox(address: str, token: str | None, **env: str) -> Inbox:
         env["RELAYKIT_INBOX_AUTH"] = f"Bearer {token}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykit.cli", "inbox", "--port", "0"],
-        cwd=REPO_ROOT, env=_env(address, **env),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+        env=_env(address, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     lines = _lines(proc.stderr)
     seen: list[str] = []
-    while not seen or (token is not None and not any(l.startswith("sign in: ") for l in seen)):
+    while not seen or (
+        token is not None and not any(line.startswith("sign in: ") for line in seen)
+    ):
         try:
             seen.append(lines.get(timeout=30))
         except queue.Empty:
@@ -86,7 +96,7 @@ def start_inbox(address: str, token: str | None, **env: str) -> Inbox:
             raise AssertionError(f"relaykit inbox did not start: {seen}") from None
     assert seen[0].startswith("inbox on "), seen
     url = seen[0].split()[2]
-    link = next((l for l in seen if l.startswith("sign in: ")), "")[len("sign in: "):]
+    link = next((line for line in seen if line.startswith("sign in: ")), "")[len("sign in: ") :]
     return Inbox(url=url, token=token or "", sign_in_link=link, proc=proc)
 
 
@@ -160,7 +170,9 @@ async def pending_of(
     return [item for item in response.json() if item["run_id"].startswith(tuple(run_ids))]
 
 
-async def start_desks(client: Client, task_queue: str, agents: tuple[Agent, Agent, Agent]) -> list[RunHandle]:
+async def start_desks(
+    client: Client, task_queue: str, agents: tuple[Agent, Agent, Agent]
+) -> list[RunHandle]:
     billing, ops, front = agents
     return [
         await start_run(client, billing, "refund A-1", task_queue=task_queue),
@@ -169,7 +181,7 @@ async def start_desks(client: Client, task_queue: str, agents: tuple[Agent, Agen
     ]
 
 
-async def test_inbox_lists_calls_of_several_agents_and_a_childs_call_once_and_decides_them_over_the_api(
+async def test_inbox_lists_calls_of_several_agents_and_a_childs_call_once_and_decides_them_over_the_api(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, inbox: Inbox
 ) -> None:
     # GET /api/pending lists each waiting call once (a child's under its root run, with its run
@@ -206,26 +218,45 @@ async def test_inbox_lists_calls_of_several_agents_and_a_childs_call_once_and_de
             return await http.post(f"{inbox.url}/api/decide", json=body, headers=inbox.auth)
 
         refund_call = items[billing.id]["call_id"]
-        assert (await post({"run_id": billing.id, "call_id": "nope", "approve": True})).status_code == 404
-        assert (await post({"run_id": "no-such-run", "call_id": refund_call, "approve": True})).status_code == 404
-        for malformed in ({"run_id": billing.id, "call_id": refund_call},
-                          {"run_id": billing.id, "call_id": refund_call, "approve": "yes"},
-                          ["not", "an", "object"]):
+        assert (
+            await post({"run_id": billing.id, "call_id": "nope", "approve": True})
+        ).status_code == 404
+        assert (
+            await post({"run_id": "no-such-run", "call_id": refund_call, "approve": True})
+        ).status_code == 404
+        for malformed in (
+            {"run_id": billing.id, "call_id": refund_call},
+            {"run_id": billing.id, "call_id": refund_call, "approve": "yes"},
+            ["not", "an", "object"],
+        ):
             response = await post(malformed)
             assert response.status_code == 400, malformed
             assert "error" in response.json()
-        not_json = await http.post(f"{inbox.url}/api/decide", content=b"{", headers={
-            **inbox.auth, "content-type": "application/json"})
+        not_json = await http.post(
+            f"{inbox.url}/api/decide",
+            content=b"{",
+            headers={**inbox.auth, "content-type": "application/json"},
+        )
         assert not_json.status_code == 400
 
         approved = await post({"run_id": billing.id, "call_id": refund_call, "approve": True})
         assert approved.status_code == 200, approved.text
         assert approved.json()["tool"] == "refund" and approved.json()["approved"] is True
-        assert (await post({"run_id": billing.id, "call_id": refund_call, "approve": True})).status_code == 409
-        rejected = await post({"run_id": ops.id, "call_id": items[ops.id]["call_id"],
-                               "approve": False, "reason": "not during business hours"})
+        assert (
+            await post({"run_id": billing.id, "call_id": refund_call, "approve": True})
+        ).status_code == 409
+        rejected = await post(
+            {
+                "run_id": ops.id,
+                "call_id": items[ops.id]["call_id"],
+                "approve": False,
+                "reason": "not during business hours",
+            }
+        )
         assert rejected.status_code == 200, rejected.text
-        child = await post({"run_id": front.id, "call_id": items[front.id]["call_id"], "approve": True})
+        child = await post(
+            {"run_id": front.id, "call_id": items[front.id]["call_id"], "approve": True}
+        )
         assert child.status_code == 200, child.text
 
         results = [await handle.result() for handle in (billing, ops, front)]
@@ -242,10 +273,20 @@ async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox
     # With RELAYKIT_INBOX_AUTH set: no header, a wrong header or a forged cookie gets 401.
     async with httpx.AsyncClient(timeout=10, follow_redirects=False) as http:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"cookie": "relaykit_inbox=forged"}):
-            for method, path in (("GET", "/"), ("GET", "/api/pending"), ("POST", "/api/decide"),
-                                 ("POST", "/decide"), ("GET", "/nowhere"), ("GET", "/decide")):
-                response = await http.request(method, f"{inbox.url}{path}", headers=headers,
-                                              json={"run_id": "r", "call_id": "c", "approve": True})
+            for method, path in (
+                ("GET", "/"),
+                ("GET", "/api/pending"),
+                ("POST", "/api/decide"),
+                ("POST", "/decide"),
+                ("GET", "/nowhere"),
+                ("GET", "/decide"),
+            ):
+                response = await http.request(
+                    method,
+                    f"{inbox.url}{path}",
+                    headers=headers,
+                    json={"run_id": "r", "call_id": "c", "approve": True},
+                )
                 assert response.status_code == 401, (method, path, headers)
         page = await http.get(f"{inbox.url}/")
         assert 'name="token"' in page.text  # the 401 page is the sign-in form
@@ -257,14 +298,20 @@ async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
         assert inbox.token not in cookie
         signed = await http.get(f"{inbox.url}/", headers={"cookie": cookie.split(";")[0]})
-        assert signed.status_code == 200 and "frame-ancestors 'none'" in signed.headers["content-security-policy"]
+        assert (
+            signed.status_code == 200
+            and "frame-ancestors 'none'" in signed.headers["content-security-policy"]
+        )
         # A form post with the cookie but without the page's CSRF token is refused.
-        forged = await http.post(f"{inbox.url}/decide", headers={"cookie": cookie.split(";")[0]},
-                                 data={"run_id": "r", "call_id": "c", "decision": "approve"})
+        forged = await http.post(
+            f"{inbox.url}/decide",
+            headers={"cookie": cookie.split(";")[0]},
+            data={"run_id": "r", "call_id": "c", "decision": "approve"},
+        )
         assert forged.status_code == 403
 
 
-async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_without_says_it_cannot(
+async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_without_says_it_cannot(  # noqa: E501
     model_server: ScriptedModelServer, temporal_server: DevServer, inbox: Inbox
 ) -> None:
     # Arguments are decoded with RELAYKIT_CODEC; an inbox without the key names the run as
@@ -276,8 +323,12 @@ async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_wi
     encrypted = await connect(temporal_server.address, codec=AesGcmCodec(key))
     invocations: list[str] = []
     billing, _, _ = desks(model_server, invocations)
-    plain = start_inbox(temporal_server.address, None, RELAYKIT_CODEC="relaykit.codecs.aes:AesGcmCodec",
-                        RELAYKIT_CODEC_KEY=key)
+    plain = start_inbox(
+        temporal_server.address,
+        None,
+        RELAYKIT_CODEC="relaykit.codecs.aes:AesGcmCodec",
+        RELAYKIT_CODEC_KEY=key,
+    )
     try:
         async with serving(encrypted, billing) as worker, httpx.AsyncClient(timeout=30) as http:
             handle = await start_run(encrypted, billing, "refund A-1", task_queue=worker.task_queue)
@@ -297,8 +348,15 @@ async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_wi
             await eventually(named_unreadable, "the run named as unreadable without the key")
             rebound = await http.get(f"{plain.url}/api/pending", headers={"host": "evil.example"})
             assert rebound.status_code == 421
-            decided = await http.post(f"{plain.url}/api/decide", json={
-                "run_id": handle.id, "call_id": item["call_id"], "approve": False, "reason": "no"})
+            decided = await http.post(
+                f"{plain.url}/api/decide",
+                json={
+                    "run_id": handle.id,
+                    "call_id": item["call_id"],
+                    "approve": False,
+                    "reason": "no",
+                },
+            )
             assert decided.status_code == 200, decided.text
             result = await handle.result()
     finally:
@@ -310,11 +368,17 @@ def test_inbox_refuses_to_listen_off_loopback_without_a_token(temporal_server: D
     # Anyone who reaches an unguarded inbox could approve tool calls: one line, exit status 1.
     done = subprocess.run(
         [sys.executable, "-m", "relaykit.cli", "inbox", "--host", "0.0.0.0", "--port", "0"],
-        cwd=REPO_ROOT, env=_env(temporal_server.address), capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        env=_env(temporal_server.address),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
-    assert lines[0].startswith("error: refusing to serve the inbox on 0.0.0.0 without RELAYKIT_INBOX_AUTH")
+    assert lines[0].startswith(
+        "error: refusing to serve the inbox on 0.0.0.0 without RELAYKIT_INBOX_AUTH"
+    )
     assert all("Traceback" not in line for line in lines)
 
 
@@ -323,8 +387,12 @@ def chromium() -> str:
     """Debian's chromium, installed here when missing and the tests run as root (as in CI)."""
     if not os.path.exists(CHROMIUM) and shutil.which("apt-get") and os.geteuid() == 0:
         subprocess.run(["apt-get", "update"], check=False, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "chromium"], check=True, capture_output=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        subprocess.run(
+            ["apt-get", "install", "-y", "chromium"],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"needs {CHROMIUM} (apt-get install -y chromium, as root)")
     return CHROMIUM
@@ -362,7 +430,8 @@ async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_re
                 row = page.locator(f'tr[data-run="{billing.id}"]')
                 assert "refund" in await row.inner_text() and "A-1" in await row.inner_text()
                 assert await row.locator("a").get_attribute("href") == (
-                    f"http://localhost:8233/namespaces/default/workflows/{billing.id}")
+                    f"{DEFAULT_UI_URL}/namespaces/default/workflows/{billing.id}"
+                )
                 await row.get_by_role("button", name="Approve").click()
                 await page.wait_for_selector("text=approved refund")
                 row = page.locator(f'tr[data-run="{ops.id}"]')

@@ -61,8 +61,9 @@ def server() -> Iterator[LocalModelServer]:
 
 
 def chat(server: LocalModelServer, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{server.base_url}/chat/completions", json={"model": "smollm2", **body},
-                   timeout=120)
+    r = httpx.post(
+        f"{server.base_url}/chat/completions", json={"model": "smollm2", **body}, timeout=120
+    )
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()
     return data
@@ -70,14 +71,23 @@ def chat(server: LocalModelServer, **body: Any) -> dict[str, Any]:
 
 def tool_schema(with_reply: bool) -> dict[str, Any]:
     branches: list[dict[str, Any]] = [
-        {"type": "object",
-         "properties": {"name": {"const": name}, "arguments": params},
-         "required": ["name", "arguments"], "additionalProperties": False}
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
         for name, params in TOOLS.items()
     ]
     if with_reply:
-        branches.append({"type": "object", "properties": {"reply": {"type": "string"}},
-                         "required": ["reply"], "additionalProperties": False})
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"reply": {"type": "string"}},
+                "required": ["reply"],
+                "additionalProperties": False,
+            }
+        )
     return {"anyOf": branches}
 
 
@@ -105,8 +115,10 @@ def constrained(server: LocalModelServer, prompt: str, with_reply: bool) -> dict
         messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
         max_tokens=128,
         temperature=0,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "tool_call", "schema": tool_schema(with_reply)}},
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "tool_call", "schema": tool_schema(with_reply)},
+        },
     )
     content = body["choices"][0]["message"]["content"]
     parsed = json.loads(content)
@@ -122,8 +134,9 @@ def test_base_url_is_openai_style(server: LocalModelServer) -> None:
 
 
 def test_plain_reply_is_text(server: LocalModelServer) -> None:
-    body = chat(server, messages=[{"role": "user", "content": "Say hello in one sentence."}],
-                max_tokens=48)
+    body = chat(
+        server, messages=[{"role": "user", "content": "Say hello in one sentence."}], max_tokens=48
+    )
     message = body["choices"][0]["message"]
     assert message["role"] == "assistant"
     assert isinstance(message["content"], str) and message["content"].strip()
@@ -150,10 +163,13 @@ def test_optional_tool_call_matches_one_branch(server: LocalModelServer) -> None
 def test_stream_yields_several_deltas(server: LocalModelServer) -> None:
     deltas: list[str] = []
     done = False
-    body = {"model": "smollm2", "stream": True, "max_tokens": 48,
-            "messages": [{"role": "user", "content": "Write two sentences about the sea."}]}
-    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body,
-                      timeout=120) as r:
+    body = {
+        "model": "smollm2",
+        "stream": True,
+        "max_tokens": 48,
+        "messages": [{"role": "user", "content": "Write two sentences about the sea."}],
+    }
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -162,7 +178,7 @@ def test_stream_yields_several_deltas(server: LocalModelServer) -> None:
             if line == "data: [DONE]":
                 done = True
                 break
-            chunk = json.loads(line[len("data: "):])
+            chunk = json.loads(line[len("data: ") :])
             content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
             if content:
                 deltas.append(content)
@@ -213,12 +229,18 @@ async def test_a_run_on_the_local_model_calls_a_tool_and_answers(
         instructions="You answer weather questions using the get_weather tool.",
         model="local:smollm2",
         tools=[get_weather],
-        model_settings=ModelSettings(temperature=0, max_tokens=120, first_turn_tool_choice="required"),
+        model_settings=ModelSettings(
+            temperature=0, max_tokens=120, first_turn_tool_choice="required"
+        ),
     )
     async with serving(client, agent) as worker:
         handle = await start_run(
-            client, agent, "What is the weather in Paris?", task_queue=worker.task_queue,
-            max_turns=3, answer_on_last_turn=True,
+            client,
+            agent,
+            "What is the weather in Paris?",
+            task_queue=worker.task_queue,
+            max_turns=3,
+            answer_on_last_turn=True,
         )
         result = await handle.result()
     calls = [c for m in result.transcript for c in m.tool_calls]
@@ -231,9 +253,13 @@ async def test_a_run_on_the_local_model_calls_a_tool_and_answers(
     spec = parse_model("local:smollm2").model_copy(update={"stream": True})
     async with httpx.AsyncClient() as http:
         response = await call_model(
-            ModelRequest(model=spec, messages=[relaykit_user("Say hello in one sentence.")],
-                         settings=ModelSettings(temperature=0, max_tokens=40)),
-            http=http, on_delta=pieces.append,
+            ModelRequest(
+                model=spec,
+                messages=[relaykit_user("Say hello in one sentence.")],
+                settings=ModelSettings(temperature=0, max_tokens=40),
+            ),
+            http=http,
+            on_delta=pieces.append,
         )
     assert len(pieces) > 1 and "".join(pieces) == response.message.content
 
@@ -265,13 +291,24 @@ async def test_relaykit_run_triage_wait_ends_with_an_answer_on_the_local_model(
 
     async with serving(client, triage, default_model=parse_model("local:smollm2")) as worker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
-        env.update(TEMPORAL_ADDRESS=temporal_server.address, TEMPORAL_NAMESPACE="default", NO_COLOR="1")
+        env.update(
+            TEMPORAL_ADDRESS=temporal_server.address, TEMPORAL_NAMESPACE="default", NO_COLOR="1"
+        )
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relaykit.cli", "run", "triage", "I was charged twice", "--wait",
-            "--task-queue", worker.task_queue,
-            cwd=Path(__file__).resolve().parents[1], env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "relaykit.cli",
+            "run",
+            "triage",
+            "I was charged twice",
+            "--wait",
+            "--task-queue",
+            worker.task_queue,
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
         seconds = time.monotonic() - started
@@ -290,10 +327,13 @@ async def test_the_demo_agent_ends_with_an_answer_on_the_local_model(client: Any
     model = parse_model("local:smollm2")
     async with serving(client, travel_assistant, default_model=model) as worker:
         handle = await start_run(
-            client, travel_assistant, DEMO_PROMPT, task_queue=worker.task_queue,
-            max_turns=4, answer_on_last_turn=True,
+            client,
+            travel_assistant,
+            DEMO_PROMPT,
+            task_queue=worker.task_queue,
+            max_turns=4,
+            answer_on_last_turn=True,
         )
         result = await handle.result()
     assert isinstance(result.output, str) and result.output.strip()
     assert result.turns <= 4
-

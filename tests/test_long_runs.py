@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from datetime import timedelta
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -46,7 +46,11 @@ async def _bytes_per_model_turn(client: Client, workflow_id: str, run_id: str) -
     sizes: list[int] = []
     async for event in handle.fetch_history_events():
         scheduled = event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        if scheduled and event.activity_task_scheduled_event_attributes.activity_type.name == "relaykit.model_call":
+        if (
+            scheduled
+            and event.activity_task_scheduled_event_attributes.activity_type.name
+            == "relaykit.model_call"
+        ):
             sizes.append(0)
         if sizes:
             sizes[-1] += event.ByteSize()
@@ -93,19 +97,27 @@ async def test_three_hundred_turns_across_continue_as_new_with_subagents_and_fla
             return call("spawn_subagent", prompt="research " + ("beta" if n == 2 else "gamma"))
         if n < turns:
             return call("step", n=n)
-        reports = [m["content"] for m in request.messages if "Background task report" in str(m["content"])]
+        reports = [
+            m["content"] for m in request.messages if "Background task report" in str(m["content"])
+        ]
         return text(f"done after {n} turns; reports seen in last run: {len(reports)}")
 
     model_server.respond(lead_model.name, lead)
     model_server.respond(researcher_model.name, researcher)
     worker_agent = Agent(name="researcher", model=researcher_model, tools=[step])
     boss = Agent(
-        name="long_lead", model=lead_model, tools=[step],
+        name="long_lead",
+        model=lead_model,
+        tools=[step],
         subagents=Subagents([worker_agent], max_turns=400),
     )
     async with serving(client, boss) as worker:
         handle = await start_run(
-            client, boss, "a long job", task_queue=worker.task_queue, max_turns=turns + 5,
+            client,
+            boss,
+            "a long job",
+            task_queue=worker.task_queue,
+            max_turns=turns + 5,
             continue_as_new_after_turns=60,
         )
         result = await handle.result()
@@ -114,9 +126,15 @@ async def test_three_hundred_turns_across_continue_as_new_with_subagents_and_fla
     # Every report reached the lead exactly once, across continue-as-new boundaries: the last
     # request carries the whole transcript (rebuilt by the model worker from the store).
     final_request = model_server.requests(lead_model.name)[-1]
-    reports = [str(m["content"]) for m in final_request.messages if "Background task report" in str(m["content"])]
+    reports = [
+        str(m["content"])
+        for m in final_request.messages
+        if "Background task report" in str(m["content"])
+    ]
     for task, topic in (("task-1", "alpha"), ("task-2", "beta"), ("task-3", "gamma")):
-        assert sum(f"[{task} · researcher] finished:\nfindings on {topic}" in r for r in reports) == 1
+        assert (
+            sum(f"[{task} · researcher] finished:\nfindings on {topic}" in r for r in reports) == 1
+        )
     assert len(final_request.messages) > 2 * turns
     runs = await _runs_of(client, handle.id)
     assert len(runs) >= 5
@@ -164,7 +182,9 @@ async def test_context_policy_summarises_old_turns_and_keeps_the_task(
 
     model_server.respond(model.name, respond)
     agent = Agent(
-        name="compacting", model=model, tools=[step],
+        name="compacting",
+        model=model,
+        tools=[step],
         context_policy=ContextPolicy(max_input_tokens=30, keep_last_turns=2),
     )
     async with serving(client, agent) as worker:
@@ -192,7 +212,9 @@ async def test_huge_tool_output_is_truncated_with_a_marker_not_a_failed_run(
     model_server.script(model.name, [call("fetch_page"), text("read it")])
     agent = Agent(name="reader", model=model, tools=[fetch_page])
     async with serving(client, agent) as worker:
-        result = await (await start_run(client, agent, "read", task_queue=worker.task_queue)).result()
+        result = await (
+            await start_run(client, agent, "read", task_queue=worker.task_queue)
+        ).result()
     tool_message = next(m for m in result.transcript if m.role == "tool")
     assert result.output == "read it"
     assert len(tool_message.content) < 200_000
@@ -229,7 +251,9 @@ async def test_long_tool_resumes_from_its_heartbeat_progress_on_retry(
         result = await handle.result()
     assert attempts == [(1, 0), (2, 3)]
     assert workflow_ids == [handle.id, handle.id]  # from the activity's info
-    assert [m.content for m in result.transcript if m.role == "tool"] == ["crawled pages 4..5 on attempt 2"]
+    assert [m.content for m in result.transcript if m.role == "tool"] == [
+        "crawled pages 4..5 on attempt 2"
+    ]
 
 
 def test_turn_payloads_leave_out_default_fields_and_parse_back() -> None:

@@ -60,7 +60,9 @@ async def schedule_and_completion(handle: Any) -> tuple[dict[str, int], dict[str
 # --- 1. tool names ------------------------------------------------------------------------------
 
 
-def test_handoff_and_agent_tool_names_follow_lovias_rule_with_a_digest_only_when_they_must() -> None:
+def test_handoff_and_agent_tool_names_follow_lovias_rule_with_a_digest_only_when_they_must() -> (
+    None
+):
     # Capitals, spaces and hyphens need no digest; non-ASCII letters are dropped; punctuation
     # is dropped and each space or hyphen is one underscore (values measured with lovia).
     billing = Agent(name="Billing Team")
@@ -74,7 +76,10 @@ def test_handoff_and_agent_tool_names_follow_lovias_rule_with_a_digest_only_when
     chinese = agent_tool_name("transfer_to_", "账单专家")
     assert re.fullmatch(r"transfer_to_agent_[0-9a-f]{8}", chinese)
     assert chinese != agent_tool_name("transfer_to_", "客服专家")
-    long_a, long_b = agent_tool_name("ask_", "x" * 100 + "a"), agent_tool_name("ask_", "x" * 100 + "b")
+    long_a, long_b = (
+        agent_tool_name("ask_", "x" * 100 + "a"),
+        agent_tool_name("ask_", "x" * 100 + "b"),
+    )
     assert long_a != long_b and re.fullmatch(r"ask_x+_[0-9a-f]{8}", long_a)
     assert all(len(n) <= MAX_TOOL_NAME and is_valid_tool_name(n) for n in (chinese, long_a, long_b))
     # The earlier name stays known, for runs started with it.
@@ -90,7 +95,9 @@ def test_two_default_names_that_would_collide_in_one_agent_each_get_a_digest() -
     router = Agent(
         name="router", handoffs=[team, dashed], tools=[team.as_tool(), dashed.as_tool(name="ask_x")]
     )
-    AgentGraph.build([router], default_model=ModelSpec(provider="openai", name="m"))  # no clash left
+    AgentGraph.build(
+        [router], default_model=ModelSpec(provider="openai", name="m")
+    )  # no clash left
     handoff_names = [
         (h if isinstance(h, Handoff) else Handoff(target=h)).tool_name for h in router.handoffs
     ]
@@ -114,10 +121,13 @@ async def test_a_new_run_offers_lovias_names_and_a_call_by_an_earlier_name_still
         handoffs=[Handoff(billing, on_handoff=lambda args, data: audited.append(args.reason))],
     )
     model_server.script(model_of(research), [text("INV-7 was charged twice.")])
-    model_server.script(model_of(triage), [
-        call("ask_research_desk", input="What happened to INV-7?"),
-        call("transfer_to_billing_team_40edd973", reason="double charge"),
-    ])
+    model_server.script(
+        model_of(triage),
+        [
+            call("ask_research_desk", input="What happened to INV-7?"),
+            call("transfer_to_billing_team_40edd973", reason="double charge"),
+        ],
+    )
     model_server.script(model_of(billing), [text("Refunded.")])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
@@ -139,12 +149,23 @@ async def test_handoff_with_extra_keys_and_a_non_string_reason_is_handed_off(
     # Extra keys are ignored; a reason of any JSON type reaches on_handoff as its JSON text.
     reasons: list[str | None] = []
     billing = agent(model_server, "lenient_billing")
-    triage = agent(model_server, "lenient_triage", handoffs=[
-        Handoff(billing, name="transfer_to_billing", on_handoff=lambda a, d: reasons.append(a.reason)),
-    ])
-    model_server.script(model_of(triage), [
-        call("transfer_to_billing", reason={"code": 7, "text": "doppelt"}, priority="high"),
-    ])
+    triage = agent(
+        model_server,
+        "lenient_triage",
+        handoffs=[
+            Handoff(
+                billing,
+                name="transfer_to_billing",
+                on_handoff=lambda a, d: reasons.append(a.reason),
+            ),
+        ],
+    )
+    model_server.script(
+        model_of(triage),
+        [
+            call("transfer_to_billing", reason={"code": 7, "text": "doppelt"}, priority="high"),
+        ],
+    )
     model_server.script(model_of(billing), [text("Refunded.")])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "charged twice", task_queue=worker.task_queue)
@@ -170,9 +191,14 @@ async def test_agent_output_retries_sets_how_many_repairs_follow_an_invalid_answ
 ) -> None:
     # output_retries=2: two invalid answers are repaired and the third, valid one wins.
     structured = agent(model_server, "two_repairs", output_type=Answer, output_retries=2)
-    model_server.script(model_of(structured), [
-        text("no"), text('{"city": "Paris"}'), text('{"city": "Paris", "temperature": 14}'),
-    ])
+    model_server.script(
+        model_of(structured),
+        [
+            text("no"),
+            text('{"city": "Paris"}'),
+            text('{"city": "Paris", "temperature": 14}'),
+        ],
+    )
     async with serving(client, structured) as worker:
         handle = await start_run(client, structured, "weather", task_queue=worker.task_queue)
         result = await handle.result()
@@ -205,12 +231,18 @@ async def test_output_schema_is_stated_in_the_system_prompt_as_well_as_in_respon
 ) -> None:
     # A server that ignores response_format still shows the model the schema, after the
     # agent's instructions and the run's extra instructions.
-    structured = agent(model_server, "schema_in_prompt", instructions="Report the weather.",
-                       output_type=Answer)
+    structured = agent(
+        model_server, "schema_in_prompt", instructions="Report the weather.", output_type=Answer
+    )
     model_server.script(model_of(structured), [text('{"city": "Oslo", "temperature": 3}')])
     async with serving(client, structured) as worker:
-        handle = await start_run(client, structured, "weather", task_queue=worker.task_queue,
-                                 extra_instructions="Be brief.")
+        handle = await start_run(
+            client,
+            structured,
+            "weather",
+            task_queue=worker.task_queue,
+            extra_instructions="Be brief.",
+        )
         await handle.result()
     [request] = model_server.requests(model_of(structured))
     schema = request.body["response_format"]["json_schema"]["schema"]
@@ -240,16 +272,26 @@ async def test_calls_before_a_handoff_finish_before_it_and_calls_after_it_start_
 
     billing = agent(model_server, "order_billing")
     support = agent(model_server, "order_support")
-    triage = agent(model_server, "order_triage", tools=[note_before, note_after], handoffs=[
-        Handoff(billing, name="transfer_to_billing", on_handoff=lambda a, d: None),
-        Handoff(support, name="transfer_to_support", on_handoff=lambda a, d: None),
-    ])
-    model_server.script(model_of(triage), [batch(
-        call("note_before", text="a"),
-        call("transfer_to_billing", reason="refund"),
-        call("note_after", text="b"),
-        call("transfer_to_support"),
-    )])
+    triage = agent(
+        model_server,
+        "order_triage",
+        tools=[note_before, note_after],
+        handoffs=[
+            Handoff(billing, name="transfer_to_billing", on_handoff=lambda a, d: None),
+            Handoff(support, name="transfer_to_support", on_handoff=lambda a, d: None),
+        ],
+    )
+    model_server.script(
+        model_of(triage),
+        [
+            batch(
+                call("note_before", text="a"),
+                call("transfer_to_billing", reason="refund"),
+                call("note_after", text="b"),
+                call("transfer_to_support"),
+            )
+        ],
+    )
     model_server.script(model_of(billing), [text("done")])
     async with serving(client, triage) as worker:
         handle = await start_run(client, triage, "refund", task_queue=worker.task_queue)
@@ -260,7 +302,10 @@ async def test_calls_before_a_handoff_finish_before_it_and_calls_after_it_start_
     assert "transfer_to_support" not in first
     assert result.final_agent == "order_billing"
     assert [m.name for m in result.transcript if m.role == "tool"] == [
-        "note_before", "transfer_to_billing", "note_after", "transfer_to_support",
+        "note_before",
+        "transfer_to_billing",
+        "note_after",
+        "transfer_to_support",
     ]
     assert model_server.request_count(model_of(triage)) == 1  # the switch is at the turn's end
 
@@ -283,17 +328,30 @@ async def test_a_run_continued_from_one_started_before_keeps_the_earlier_semanti
         return "ok"
 
     billing = agent(model_server, "Old Billing", output_type=Answer)
-    triage = agent(model_server, "old_triage", tools=[check_account], handoffs=[
-        Handoff(billing, on_handoff=lambda a, d: order.append("handoff")),
-    ])
+    triage = agent(
+        model_server,
+        "old_triage",
+        tools=[check_account],
+        handoffs=[
+            Handoff(billing, on_handoff=lambda a, d: order.append("handoff")),
+        ],
+    )
     legacy = tool_name_for("transfer_to_", "Old Billing")
-    model_server.script(model_of(triage), [
-        call(legacy, reason="refund", priority="high"),
-        batch(call(legacy, reason="refund"), call("check_account", email="a@b.c")),
-    ])
-    model_server.script(model_of(billing), [
-        text("no"), text("still no"), text('{"city": "Paris", "temperature": 14}'),
-    ])
+    model_server.script(
+        model_of(triage),
+        [
+            call(legacy, reason="refund", priority="high"),
+            batch(call(legacy, reason="refund"), call("check_account", email="a@b.c")),
+        ],
+    )
+    model_server.script(
+        model_of(billing),
+        [
+            text("no"),
+            text("still no"),
+            text('{"city": "Paris", "temperature": 14}'),
+        ],
+    )
     state = RunState(agent="old_triage", transcript=[Message.user("refund")], setup=RunSetup())
     run_id = f"old-run-{uuid.uuid4().hex[:8]}"
     async with serving(client, triage) as worker:

@@ -32,7 +32,13 @@ from temporalio.common import RawValue, RetryPolicy
 from relaykit import Agent, ConfigurationError, MCPServer, RunFailed, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
-from tests.support import activity_summaries, history_events, scheduled_activities, scripted_model, serving
+from tests.support import (
+    activity_summaries,
+    history_events,
+    scheduled_activities,
+    scripted_model,
+    serving,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = REPO_ROOT / "tests" / "mcp_docs_server.py"
@@ -159,7 +165,9 @@ def test_results_with_media_and_resources_reach_the_model_as_text_markers() -> N
             ImageContent(type="image", data="aGVsbG8h", mime_type="image/png"),
             EmbeddedResource(
                 type="resource",
-                resource=TextResourceContents(uri="file:///notes.md", text="the notes", mime_type="text/markdown"),
+                resource=TextResourceContents(
+                    uri="file:///notes.md", text="the notes", mime_type="text/markdown"
+                ),
             ),
         ]
     )
@@ -209,7 +217,11 @@ async def docs(
     log = ServerLog(tmp_path_factory.mktemp("mcp") / "server.log")
     server = stdio_server(log, needs_approval={"delete_doc"}, max_output_chars=200)
     agents = {
-        name: Agent(name=f"{name}-{uuid.uuid4().hex[:6]}", model=scripted_model(model_server), tools=[server])
+        name: Agent(
+            name=f"{name}-{uuid.uuid4().hex[:6]}",
+            model=scripted_model(model_server),
+            tools=[server],
+        )
         for name in ("reader", "errors", "approver", "session", "killer")
     }
 
@@ -229,7 +241,7 @@ async def docs(
         yield DocsRig(worker=worker, log=log, model_server=model_server, agents=agents)
 
 
-async def test_agent_lists_and_calls_stdio_server_tools_each_call_an_activity_named_after_server_and_tool(
+async def test_agent_lists_and_calls_stdio_server_tools_each_call_an_activity_named_after_server_and_tool(  # noqa: E501
     client: Client, docs: DocsRig
 ) -> None:
     agent = docs.agents["reader"]
@@ -237,7 +249,9 @@ async def test_agent_lists_and_calls_stdio_server_tools_each_call_an_activity_na
         docs.model("reader"),
         [call("docs_read_doc", name="temporal.md"), text("Temporal replays history.")],
     )
-    handle = await start_run(client, agent, "What does Temporal do?", task_queue=docs.worker.task_queue)
+    handle = await start_run(
+        client, agent, "What does Temporal do?", task_queue=docs.worker.task_queue
+    )
     result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
     assert result.output == "Temporal replays history."
     (tool_message,) = [m for m in result.transcript if m.role == "tool"]
@@ -247,18 +261,23 @@ async def test_agent_lists_and_calls_stdio_server_tools_each_call_an_activity_na
     first = docs.model_server.requests(docs.model("reader"))[0]
     assert {"docs_read_doc", "docs_list_docs", "docs_delete_doc"} <= set(first.tool_names)
     schema = next(
-        t["function"]["parameters"] for t in first.body["tools"] if t["function"]["name"] == "docs_read_doc"
+        t["function"]["parameters"]
+        for t in first.body["tools"]
+        if t["function"]["name"] == "docs_read_doc"
     )
     assert schema["properties"]["name"]["type"] == "string" and schema["required"] == ["name"]
     assert all(n.isascii() for n in first.tool_names)
     # Listing and the call are activities; the UI shows server and tool.
     assert await scheduled_activities(handle.workflow) == [
-        "mcp:docs:list_tools", "relaykit.model_call", "mcp:docs/read_doc", "relaykit.model_call",
+        "mcp:docs:list_tools",
+        "relaykit.model_call",
+        "mcp:docs/read_doc",
+        "relaykit.model_call",
     ]
     summaries = await activity_summaries(handle.workflow, client)
     assert "list tools of docs" in summaries
     assert "docs.read_doc(name=temporal.md)" in summaries
-    assert docs.log.done()["read_doc \"temporal.md\""] == 1
+    assert docs.log.done()['read_doc "temporal.md"'] == 1
 
 
 async def test_server_errors_bad_arguments_and_non_ascii_tools_reach_the_model_as_results(
@@ -285,7 +304,10 @@ async def test_server_errors_bad_arguments_and_non_ascii_tools_reach_the_model_a
     handle = await start_run(client, agent, "try things", task_queue=docs.worker.task_queue)
     result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
     results = {m.tool_call_id: m for m in result.transcript if m.role == "tool"}
-    assert results["c_missing"].is_error and "no document named 'nope.md'" in results["c_missing"].content
+    assert (
+        results["c_missing"].is_error
+        and "no document named 'nope.md'" in results["c_missing"].content
+    )
     assert results["c_is_error"].is_error and results["c_is_error"].content == "quota exceeded"
     assert results["c_bad_args"].is_error and "name" in results["c_bad_args"].content
     assert results["c_not_json"].is_error and "not valid JSON" in results["c_not_json"].content
@@ -297,7 +319,7 @@ async def test_server_errors_bad_arguments_and_non_ascii_tools_reach_the_model_a
     assert "mcp:docs/查找" in types
     assert "mcp:docs/read_doc" in types
     # Each call ran once: errors are results, not retries.
-    assert docs.log.done()["report_error \"quota exceeded\""] == 1
+    assert docs.log.done()['report_error "quota exceeded"'] == 1
 
 
 async def test_tool_named_in_needs_approval_waits_for_a_person_and_a_rejected_call_never_runs(
@@ -337,8 +359,8 @@ async def test_tool_named_in_needs_approval_waits_for_a_person_and_a_rejected_ca
     assert results["c_del_a"].content == "deleted a.md"
     assert results["c_del_b"].is_error and "keep it" in results["c_del_b"].content
     assert not results["c_list"].is_error and "temporal.md" in results["c_list"].content
-    assert docs.log.done()["delete_doc \"a.md\""] == 1
-    assert docs.log.done()["delete_doc \"b.md\""] == 0
+    assert docs.log.done()['delete_doc "a.md"'] == 1
+    assert docs.log.done()['delete_doc "b.md"'] == 0
 
 
 async def test_killed_server_process_is_restarted_and_completed_calls_are_not_repeated(
@@ -364,7 +386,10 @@ async def test_killed_server_process_is_restarted_and_completed_calls_are_not_re
     pids = docs.log.pids("count")
     assert len(pids) == 3  # three calls, three executions: none repeated
     assert pids[-3] == pids[-2] != pids[-1]  # one session for the first two; a new process after
-    assert results["c2"].startswith("2 calls") or int(results["c2"].split()[0]) == int(results["c1"].split()[0]) + 1
+    assert (
+        results["c2"].startswith("2 calls")
+        or int(results["c2"].split()[0]) == int(results["c1"].split()[0]) + 1
+    )
     assert results["c3"].startswith("1 calls")  # the restarted server starts counting again
     # The restart happened inside the call's first attempt: the call was never sent to the dead
     # process, so no attempt failed.
@@ -386,13 +411,20 @@ async def test_tools_are_listed_again_after_continue_as_new_while_the_worker_kee
         [call("docs_count", id="c1"), call("docs_count", id="c2"), text("done")],
     )
     handle = await start_run(
-        client, agent, "count twice", task_queue=docs.worker.task_queue, continue_as_new_after_turns=1
+        client,
+        agent,
+        "count twice",
+        task_queue=docs.worker.task_queue,
+        continue_as_new_after_turns=1,
     )
     result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
     assert result.output == "done"
     # The last workflow run listed the tools itself: its history never depends on an earlier
     # run's listing, and a changed server shows up after a continue-as-new.
-    assert await scheduled_activities(handle.workflow) == ["mcp:docs:list_tools", "relaykit.model_call"]
+    assert await scheduled_activities(handle.workflow) == [
+        "mcp:docs:list_tools",
+        "relaykit.model_call",
+    ]
     events = [e.kind for e in await handle.events()]
     assert events.count("continued_as_new") >= 1
     counts = [line for line in docs.log.lines() if line[1] == "count"][-2:]
@@ -402,9 +434,13 @@ async def test_tools_are_listed_again_after_continue_as_new_while_the_worker_kee
 
 def test_needs_approval_takes_tool_names_or_a_predicate_on_name_and_arguments() -> None:
     by_name = MCPServer.stdio("s", ["x"], needs_approval={"delete_doc"})
-    assert by_name.requires_approval("delete_doc", {}) and not by_name.requires_approval("read_doc", {})
+    assert by_name.requires_approval("delete_doc", {}) and not by_name.requires_approval(
+        "read_doc", {}
+    )
     by_rule = MCPServer.stdio(
-        "s", ["x"], needs_approval=lambda tool, args: tool.startswith("write") and args.get("path") != "/tmp"
+        "s",
+        ["x"],
+        needs_approval=lambda tool, args: tool.startswith("write") and args.get("path") != "/tmp",
     )
     assert by_rule.requires_approval("write_file", {"path": "/etc"})
     assert not by_rule.requires_approval("write_file", {"path": "/tmp"})
@@ -419,7 +455,10 @@ async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue
     model = scripted_model(model_server)
     model_server.script(model.name, [call("remote_count", id="c1"), text("done")])
     agent = Agent(name=f"queued-{uuid.uuid4().hex[:6]}", model=model, tools=[server])
-    async with serving(client, agent) as main, serving(client, agent, task_queue=server.task_queue) as remote:
+    async with (
+        serving(client, agent) as main,
+        serving(client, agent, task_queue=server.task_queue) as remote,
+    ):
         handle = await start_run(client, agent, "count", task_queue=main.task_queue)
         result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
         assert (main.mcp_sessions.opened, remote.mcp_sessions.opened) == (0, 1)
@@ -428,16 +467,16 @@ async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue
     assert result.output == "done"
     assert not process_alive(server_pid)  # stopped with the worker that started it
     queues = {
-        e.activity_task_scheduled_event_attributes.activity_type.name:
-        e.activity_task_scheduled_event_attributes.task_queue.name
+        attrs.activity_type.name: attrs.task_queue.name
         for e in await history_events(handle.workflow)
+        for attrs in [e.activity_task_scheduled_event_attributes]
         if e.HasField("activity_task_scheduled_event_attributes")
     }
     assert queues["mcp:remote:list_tools"] == queues["mcp:remote/count"] == server.task_queue
     assert queues["relaykit.model_call"] == main.task_queue
 
 
-async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_include_limits_the_tools(
+async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_include_limits_the_tools(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, tmp_path: Path
 ) -> None:
     log = ServerLog(tmp_path / "server.log")
@@ -445,7 +484,9 @@ async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_i
         log, name="sleepy", timeout=1, retry=RetryPolicy(maximum_attempts=1), include={"slow"}
     )
     model = scripted_model(model_server)
-    model_server.script(model.name, [call("sleepy_slow", id="c_slow", seconds=30), text("moved on")])
+    model_server.script(
+        model.name, [call("sleepy_slow", id="c_slow", seconds=30), text("moved on")]
+    )
     agent = Agent(name=f"sleepy-{uuid.uuid4().hex[:6]}", model=model, tools=[server])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "wait", task_queue=worker.task_queue)
@@ -453,7 +494,9 @@ async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_i
     assert result.output == "moved on"
     (message,) = [m for m in result.transcript if m.role == "tool"]
     assert message.is_error and "did not answer within 1s" in message.content
-    assert model_server.requests(model.name)[0].tool_names == ["sleepy_slow"]  # only what `include` offers
+    assert model_server.requests(model.name)[0].tool_names == [
+        "sleepy_slow"
+    ]  # only what `include` offers
     assert log.done()["slow 30"] + log.done()["slow 30.0"] == 0
 
 
@@ -465,7 +508,9 @@ async def test_server_dying_during_every_attempt_ends_in_an_error_result_after_t
 ) -> None:
     log = ServerLog(tmp_path / "server.log")
     server = stdio_server(
-        log, name="fragile", retry=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=2)
+        log,
+        name="fragile",
+        retry=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=2),
     )
     model = scripted_model(model_server)
     model_server.script(model.name, [call("fragile_exit_now", id="c_exit"), text("gave up")])
@@ -477,7 +522,7 @@ async def test_server_dying_during_every_attempt_ends_in_an_error_result_after_t
     (message,) = [m for m in result.transcript if m.role == "tool"]
     assert message.is_error and "not retried further" in message.content
     assert "connection" in message.content
-    assert log.started()["exit_now \"\""] == 2  # each attempt reached a fresh process: the cap held
+    assert log.started()['exit_now ""'] == 2  # each attempt reached a fresh process: the cap held
     assert len({pid for pid, t, _, _ in log.lines() if t == "exit_now"}) == 2
 
 
@@ -485,7 +530,8 @@ async def test_stdio_server_that_cannot_start_fails_the_run_with_a_typed_error_a
     client: Client, model_server: ScriptedModelServer, tmp_path: Path
 ) -> None:
     server = MCPServer.stdio(
-        "missing", [str(tmp_path / "no-such-server")],
+        "missing",
+        [str(tmp_path / "no-such-server")],
         retry=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=2),
     )
     model = scripted_model(model_server)
@@ -533,12 +579,17 @@ class HTTPServerProcess:
 
     def start(self) -> None:
         env = dict(
-            os.environ, MCP_TEST_LOG=str(self.log.path), MCP_TEST_DOCS=str(DOCS),
+            os.environ,
+            MCP_TEST_LOG=str(self.log.path),
+            MCP_TEST_DOCS=str(DOCS),
             MCP_TEST_REQUIRE_TOKEN=self.token,
         )
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER_SCRIPT), "--http", str(self.port)],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -571,9 +622,12 @@ async def http_server(http_process: HTTPServerProcess) -> AsyncIterator[tuple[st
     yield http_process.url, http_process.token, http_process.log
 
 
-async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_token_never_enters_history(
-    client: Client, model_server: ScriptedModelServer, tmp_path: Path,
-    http_server: tuple[str, str, ServerLog], monkeypatch: pytest.MonkeyPatch,
+async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_token_never_enters_history(  # noqa: E501
+    client: Client,
+    model_server: ScriptedModelServer,
+    tmp_path: Path,
+    http_server: tuple[str, str, ServerLog],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, token, http_log = http_server
     monkeypatch.setenv("RELAYKIT_TEST_TRACKER_TOKEN", token)
@@ -585,12 +639,16 @@ async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_toke
     model_server.script(
         model.name,
         [
-            batch(call("docs_read_doc", id="c_doc", name="mcp.md"), call("tracker_whoami", id="c_who")),
+            batch(
+                call("docs_read_doc", id="c_doc", name="mcp.md"), call("tracker_whoami", id="c_who")
+            ),
             call("tracker_read_doc", id="c_remote", name="temporal.md"),
             text("both servers answered"),
         ],
     )
-    agent = Agent(name=f"both-{uuid.uuid4().hex[:6]}", model=model, tools=[stdio_server(stdio_log), tracker])
+    agent = Agent(
+        name=f"both-{uuid.uuid4().hex[:6]}", model=model, tools=[stdio_server(stdio_log), tracker]
+    )
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "use both", task_queue=worker.task_queue)
         result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
@@ -599,10 +657,13 @@ async def test_one_durable_run_uses_a_stdio_server_and_an_http_server_whose_toke
     assert "list and call the tools" in results["c_doc"].content
     assert json.loads(results["c_who"].content)["authorization"] == "yes"
     assert "replayed after a crash" in results["c_remote"].content
-    assert stdio_log.done() == {"read_doc \"mcp.md\"": 1}
-    assert http_log.done() == {"whoami \"\"": 1, "read_doc \"temporal.md\"": 1}
+    assert stdio_log.done() == {'read_doc "mcp.md"': 1}
+    assert http_log.done() == {'whoami ""': 1, 'read_doc "temporal.md"': 1}
     types = await scheduled_activities(handle.workflow)
-    assert sorted(t for t in types if t.endswith(":list_tools")) == ["mcp:docs:list_tools", "mcp:tracker:list_tools"]
+    assert sorted(t for t in types if t.endswith(":list_tools")) == [
+        "mcp:docs:list_tools",
+        "mcp:tracker:list_tools",
+    ]
     history = b"".join(e.SerializeToString() for e in await history_events(handle.workflow))
     assert token.encode() not in history
     # Replay needs no server: the listing and every result come from history.
@@ -625,8 +686,10 @@ async def replay(graph: Any, history: Any) -> Any:
     registry.register(f"replay-{build_id}", graph)  # where a Replayer's workflows look agents up
     try:
         replayer = Replayer(
-            workflows=[AgentRun], data_converter=pydantic_data_converter,
-            workflow_runner=sandbox_runner(), build_id=build_id,
+            workflows=[AgentRun],
+            data_converter=pydantic_data_converter,
+            workflow_runner=sandbox_runner(),
+            build_id=build_id,
         )
         return await replayer.replay_workflow(history, raise_on_replay_failure=False)
     finally:
@@ -634,12 +697,16 @@ async def replay(graph: Any, history: Any) -> Any:
 
 
 async def test_missing_header_variable_fails_the_run_with_a_typed_error_naming_only_the_variable(
-    client: Client, model_server: ScriptedModelServer, http_server: tuple[str, str, ServerLog],
+    client: Client,
+    model_server: ScriptedModelServer,
+    http_server: tuple[str, str, ServerLog],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, _, _ = http_server
     monkeypatch.delenv("RELAYKIT_TEST_MISSING_TOKEN", raising=False)
-    tracker = MCPServer.http("tracker2", url, headers_from_env={"Authorization": "RELAYKIT_TEST_MISSING_TOKEN"})
+    tracker = MCPServer.http(
+        "tracker2", url, headers_from_env={"Authorization": "RELAYKIT_TEST_MISSING_TOKEN"}
+    )
     model = scripted_model(model_server)
     agent = Agent(name=f"nokey-{uuid.uuid4().hex[:6]}", model=model, tools=[tracker])
     async with serving(client, agent) as worker:
@@ -652,7 +719,9 @@ async def test_missing_header_variable_fails_the_run_with_a_typed_error_naming_o
 
 
 async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_call_repeats(
-    client: Client, model_server: ScriptedModelServer, http_process: HTTPServerProcess,
+    client: Client,
+    model_server: ScriptedModelServer,
+    http_process: HTTPServerProcess,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RELAYKIT_TEST_TRACKER_TOKEN", http_process.token)
@@ -665,7 +734,8 @@ async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_cal
         return "restarted"
 
     tracker = MCPServer.http(
-        "tracker3", http_process.url,
+        "tracker3",
+        http_process.url,
         headers_from_env={"Authorization": "Bearer $RELAYKIT_TEST_TRACKER_TOKEN"},
     )
     model = scripted_model(model_server)
@@ -678,7 +748,9 @@ async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_cal
             text("done"),
         ],
     )
-    agent = Agent(name=f"restart-{uuid.uuid4().hex[:6]}", model=model, tools=[tracker, restart_tracker])
+    agent = Agent(
+        name=f"restart-{uuid.uuid4().hex[:6]}", model=model, tools=[tracker, restart_tracker]
+    )
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
         result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
@@ -686,7 +758,7 @@ async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_cal
     assert not results["c2"].is_error, results["c2"].content
     first, second = json.loads(results["c1"].content), json.loads(results["c2"].content)
     assert first["pid"] != second["pid"]
-    assert http_process.log.done() == {"whoami \"\"": 2}
+    assert http_process.log.done() == {'whoami ""': 2}
 
 
 # --- a killed worker process ----------------------------------------------------------------------
@@ -717,9 +789,20 @@ class WorkerProcesses:
         )
         out = open(self.tmp / f"worker-{len(self.processes)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", "tests.mcp_crash_agents",
-             "--task-queue", self.task_queue],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "worker",
+                "tests.mcp_crash_agents",
+                "--task-queue",
+                self.task_queue,
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         out.close()
         self.processes.append(proc)
@@ -740,7 +823,10 @@ async def wait_for_log(log: ServerLog, tool_name: str, what: str) -> None:
 
 
 async def test_one_run_uses_stdio_and_http_servers_and_survives_a_server_kill_and_a_worker_kill(
-    client: Client, temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path,
+    client: Client,
+    temporal_server: DevServer,
+    model_server: ScriptedModelServer,
+    tmp_path: Path,
     http_process: HTTPServerProcess,
 ) -> None:
     # The "done when", in one durable run: tools of a stdio and of an HTTP server, the
@@ -751,16 +837,23 @@ async def test_one_run_uses_stdio_and_http_servers_and_survives_a_server_kill_an
     log = ServerLog(tmp_path / "stdio.log")
     release = tmp_path / "release"
     workers = WorkerProcesses(
-        temporal_server, model_server, tmp_path,
+        temporal_server,
+        model_server,
+        tmp_path,
         extra_env={
-            "MCP_TEST_LOG": str(log.path), "MCP_TEST_RELEASE": str(release),
-            "MCP_TEST_HTTP_URL": http_process.url, "MCP_TEST_TOKEN": http_process.token,
+            "MCP_TEST_LOG": str(log.path),
+            "MCP_TEST_RELEASE": str(release),
+            "MCP_TEST_HTTP_URL": http_process.url,
+            "MCP_TEST_TOKEN": http_process.token,
         },
     )
     model_server.script(
         workers.model,
         [
-            batch(call("docs_read_doc", id="c_read", name="temporal.md"), call("tracker_whoami", id="c_who")),
+            batch(
+                call("docs_read_doc", id="c_read", name="temporal.md"),
+                call("tracker_whoami", id="c_who"),
+            ),
             call("kill_docs_server", id="c_kill"),
             call("docs_count", id="c_count"),
             call("docs_slow", id="c_slow", seconds=0),
@@ -787,10 +880,10 @@ async def test_one_run_uses_stdio_and_http_servers_and_survives_a_server_kill_an
     assert json.loads(results["c_who"].content)["authorization"] == "yes"
     assert "list and call the tools" in results["c_remote"].content
     done = log.done()
-    assert done["read_doc \"temporal.md\""] == 1 and done["count 1"] == 1
+    assert done['read_doc "temporal.md"'] == 1 and done["count 1"] == 1
     assert log.started()["slow 0.0"] + log.started()["slow 0"] == 2  # in flight at the worker kill
     assert len({pid for pid, _, _, _ in log.lines()}) == 3  # killed server, restart, new worker's
-    assert http_process.log.done() == {"whoami \"\"": 1, "read_doc \"mcp.md\"": 1}
+    assert http_process.log.done() == {'whoami ""': 1, 'read_doc "mcp.md"': 1}
     assert log.pids("slow")[-1] != old_server
     assert results["c_slow"].content.startswith("waited 0")
     deadline = time.monotonic() + 20
@@ -811,12 +904,19 @@ async def test_mcp_research_example_answers_from_the_local_library_with_its_scri
     model_server.respond(model.name, scripted_librarian)  # type: ignore[arg-type]
     async with serving(client, librarian, default_model=model) as worker:
         handle = await start_run(
-            client, librarian, "How does durable execution survive a crash?", task_queue=worker.task_queue
+            client,
+            librarian,
+            "How does durable execution survive a crash?",
+            task_queue=worker.task_queue,
         )
         result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
     assert "replays the history" in result.output
     assert "(source: Durable execution)" in result.output
     assert await scheduled_activities(handle.workflow) == [
-        "mcp:library:list_tools", "relaykit.model_call", "mcp:library/search", "relaykit.model_call",
-        "mcp:library/read_document", "relaykit.model_call",
+        "mcp:library:list_tools",
+        "relaykit.model_call",
+        "mcp:library/search",
+        "relaykit.model_call",
+        "mcp:library/read_document",
+        "relaykit.model_call",
     ]

@@ -118,7 +118,9 @@ async def test_streaming_model_call_gives_the_same_run(
 
     agent = Agent(name="streamer", model=model, tools=[lookup_len])
     async with serving(client, agent) as worker:
-        result = await (await start_run(client, agent, "len?", task_queue=worker.task_queue)).result()
+        result = await (
+            await start_run(client, agent, "len?", task_queue=worker.task_queue)
+        ).result()
     assert result.output == "seven letters"
     assert all(r.stream for r in model_server.requests(model.name))
     assert [m.content for m in result.transcript if m.role == "tool"] == ["7"]

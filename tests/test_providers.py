@@ -762,7 +762,9 @@ async def test_named_key_variable(
 def test_endpoint_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL")
     spec = ModelSpec(name="gpt")
-    exc = pytest.raises(ApplicationError, resolve_endpoint, spec).value
+    with pytest.raises(ApplicationError) as raised:
+        resolve_endpoint(spec)
+    exc = raised.value
     assert exc.non_retryable and "OPENAI_API_KEY" in exc.message  # fails before any request
     monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
     official = resolve_endpoint(spec)

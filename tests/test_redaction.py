@@ -54,8 +54,9 @@ def _unauthorised(req: ScriptedRequest) -> Step:
 def _html_500_then(answer: Callable[[ScriptedRequest], Step]) -> Callable[[ScriptedRequest], Step]:
     def respond(req: ScriptedRequest) -> Step:
         if req.index == 0:
-            return raw(f"internal error while handling {_echo(req)}", status=500,
-                       content_type="text/plain")
+            return raw(
+                f"internal error while handling {_echo(req)}", status=500, content_type="text/plain"
+            )
         return answer(req)
 
     return respond
@@ -64,8 +65,14 @@ def _html_500_then(answer: Callable[[ScriptedRequest], Step]) -> Callable[[Scrip
 async def _cli(server: DevServer, *args: str) -> str:
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "TEMPORAL_ADDRESS": server.address}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relaykit.cli", *args, cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "relaykit.cli",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     return out.decode()

@@ -29,15 +29,25 @@ def server() -> Iterator[ScriptedModelServer]:
 
 
 def openai(server: ScriptedModelServer, model: str, **extra: Any) -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "system", "content": "be brief"},
-                                         {"role": "user", "content": "hello"}], **extra}
+    body = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello"},
+        ],
+        **extra,
+    }
     return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=10)
 
 
 def anthropic(server: ScriptedModelServer, model: str, **extra: Any) -> httpx.Response:
-    body = {"model": model, "max_tokens": 100, "system": "be brief",
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
-            **extra}
+    body = {
+        "model": model,
+        "max_tokens": 100,
+        "system": "be brief",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+        **extra,
+    }
     return httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=10)
 
 
@@ -58,8 +68,14 @@ def test_health(server: ScriptedModelServer) -> None:
 
 
 def test_openai_text_and_tool_calls(server: ScriptedModelServer) -> None:
-    server.script("oa-plain", [text("hi", usage=(7, 3)), call("get_weather", city="Paris"),
-                               batch(call("a", x=1), call("b", y=2), text="both")])
+    server.script(
+        "oa-plain",
+        [
+            text("hi", usage=(7, 3)),
+            call("get_weather", city="Paris"),
+            batch(call("a", x=1), call("b", y=2), text="both"),
+        ],
+    )
     first = openai(server, "oa-plain").json()
     assert first["object"] == "chat.completion"
     assert first["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
@@ -86,8 +102,12 @@ def test_raw_arguments_and_given_ids_are_sent_verbatim(server: ScriptedModelServ
 
 
 def test_openai_stream_reassembles(server: ScriptedModelServer) -> None:
-    step = batch(call("lookup", q="capital of France"), call("add", a=1, b=2),
-                 text="Let me check that.", usage=(12, 8))
+    step = batch(
+        call("lookup", q="capital of France"),
+        call("add", a=1, b=2),
+        text="Let me check that.",
+        usage=(12, 8),
+    )
     server.script("oa-stream", [step, step])
     plain = openai(server, "oa-stream").json()["choices"][0]
     streamed = openai(server, "oa-stream", stream=True, stream_options={"include_usage": True})
@@ -110,8 +130,10 @@ def test_openai_stream_reassembles(server: ScriptedModelServer) -> None:
     assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) > 2
     assert content == plain["message"]["content"]
     assert finish == plain["finish_reason"] == "tool_calls"
-    expected = [{"id": f"call_oa-stream_{n}", **t["function"]}
-                for n, t in zip((3, 4), plain["message"]["tool_calls"])]
+    expected = [
+        {"id": f"call_oa-stream_{n}", **t["function"]}
+        for n, t in zip((3, 4), plain["message"]["tool_calls"], strict=True)
+    ]
     assert [calls[i] for i in sorted(calls)] == expected
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 20
 
@@ -133,15 +155,19 @@ def test_anthropic_non_stream(server: ScriptedModelServer) -> None:
     second = anthropic(server, "an-plain").json()
     assert second["stop_reason"] == "tool_use"
     assert second["content"][0] == {"type": "text", "text": "ok"}
-    assert second["content"][1] == {"type": "tool_use", "id": "call_an-plain_1",
-                                    "name": "get_weather", "input": {"city": "Paris"}}
+    assert second["content"][1] == {
+        "type": "tool_use",
+        "id": "call_an-plain_1",
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+    }
 
 
 def test_anthropic_stream(server: ScriptedModelServer) -> None:
-    server.script("an-stream", [batch(call("f", x=[1, 2, 3]), text="thinking...",
-                                      usage=(4, 9))])
-    events = [(name, json.loads(data)) for name, data in sse(anthropic(server, "an-stream",
-                                                                        stream=True))]
+    server.script("an-stream", [batch(call("f", x=[1, 2, 3]), text="thinking...", usage=(4, 9))])
+    events = [
+        (name, json.loads(data)) for name, data in sse(anthropic(server, "an-stream", stream=True))
+    ]
     names = [n for n, _ in events]
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
     assert all(n == d["type"] for n, d in events)
@@ -179,8 +205,9 @@ def test_error_step_with_headers(server: ScriptedModelServer) -> None:
 
 
 def test_error_with_custom_body_and_type(server: ScriptedModelServer) -> None:
-    server.script("err-body", [error(500, body="upstream exploded"),
-                               error(400, api_error_type="weird_error")])
+    server.script(
+        "err-body", [error(500, body="upstream exploded"), error(400, api_error_type="weird_error")]
+    )
     assert openai(server, "err-body").text == "upstream exploded"
     assert anthropic(server, "err-body").json()["error"]["type"] == "weird_error"
 
@@ -193,8 +220,10 @@ def test_context_overflow_bodies(server: ScriptedModelServer) -> None:
     assert "maximum context length is 128000 tokens" in o.json()["error"]["message"]
     a = anthropic(server, "overflow")
     assert a.status_code == 400
-    assert a.json()["error"] == {"type": "invalid_request_error",
-                                 "message": "prompt is too long: 210000 tokens > 200000 maximum"}
+    assert a.json()["error"] == {
+        "type": "invalid_request_error",
+        "message": "prompt is too long: 210000 tokens > 200000 maximum",
+    }
 
 
 def test_exhausted_script_fails_loudly(server: ScriptedModelServer) -> None:
@@ -222,8 +251,10 @@ def test_respond_function_after_script(server: ScriptedModelServer) -> None:
     server.script("echoer", [text("scripted first")])
     server.respond("echoer", lambda req: text(f"echo: {req.last_user_text} ({req.api})"))
     assert openai(server, "echoer").json()["choices"][0]["message"]["content"] == "scripted first"
-    assert openai(server, "echoer").json()["choices"][0]["message"]["content"] == \
-        "echo: hello (openai)"
+    assert (
+        openai(server, "echoer").json()["choices"][0]["message"]["content"]
+        == "echo: hello (openai)"
+    )
     assert anthropic(server, "echoer").json()["content"][0]["text"] == "echo: hello (anthropic)"
 
     def boom(req: Any) -> Any:
@@ -238,15 +269,29 @@ def test_request_recording(server: ScriptedModelServer) -> None:
     server.script("rec", [text("x"), text("y")])
     tools = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
     openai(server, "rec", tools=tools)
-    anthropic(server, "rec", tools=[{"name": "lookup", "input_schema": {}}],
-              messages=[{"role": "user", "content": "first"},
-                        {"role": "assistant", "content": [
-                            {"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]},
-                        {"role": "user", "content": [
-                            {"type": "tool_result", "tool_use_id": "t1", "content": "found"}]}])
+    anthropic(
+        server,
+        "rec",
+        tools=[{"name": "lookup", "input_schema": {}}],
+        messages=[
+            {"role": "user", "content": "first"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "found"}],
+            },
+        ],
+    )
     first, second = server.requests("rec")
-    assert (first.api, first.index, first.tool_names, first.system) == ("openai", 0, ["search"],
-                                                                        "be brief")
+    assert (first.api, first.index, first.tool_names, first.system) == (
+        "openai",
+        0,
+        ["search"],
+        "be brief",
+    )
     assert first.last_user_text == "hello" and first.messages[1]["role"] == "user"
     assert first.headers["content-type"] == "application/json"
     assert (second.api, second.index, second.tool_names) == ("anthropic", 1, ["lookup"])
@@ -310,10 +355,17 @@ def test_stop_drops_held_requests_and_restarts_on_same_port() -> None:
 def test_echo_rule() -> None:
     with ScriptedModelServer(fallback=echo) as s:
         tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
-        r = httpx.post(f"{s.base_url}/v1/chat/completions", json={
-            "model": "any", "tools": tools,
-            "messages": [{"role": "user", "content": 'call add {"a": 1}'}]}).json()
+        r = httpx.post(
+            f"{s.base_url}/v1/chat/completions",
+            json={
+                "model": "any",
+                "tools": tools,
+                "messages": [{"role": "user", "content": 'call add {"a": 1}'}],
+            },
+        ).json()
         assert r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
-        r = httpx.post(f"{s.base_url}/v1/chat/completions", json={
-            "model": "any", "messages": [{"role": "user", "content": "hey"}]}).json()
+        r = httpx.post(
+            f"{s.base_url}/v1/chat/completions",
+            json={"model": "any", "messages": [{"role": "user", "content": "hey"}]},
+        ).json()
         assert r["choices"][0]["message"]["content"] == "echo: hey"

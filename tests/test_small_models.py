@@ -66,7 +66,9 @@ async def test_tool_turns_count_again_after_a_user_message(
         first = await (await start_run(client, agent, "one", task_queue=worker.task_queue)).result()
         second = await (
             await start_run(
-                client, agent, [*first.transcript, Message.user("two")],
+                client,
+                agent,
+                [*first.transcript, Message.user("two")],
                 task_queue=worker.task_queue,
             )
         ).result()
@@ -125,7 +127,9 @@ async def test_an_agents_own_context_policy_wins_over_the_default(
         + [text("done")],
     )
     agent = Agent(
-        name="own_policy", model=model, tools=[lookup],
+        name="own_policy",
+        model=model,
+        tools=[lookup],
         context_policy=ContextPolicy(max_input_tokens=100_000),
     )
     async with serving(client, agent) as worker:
@@ -183,7 +187,9 @@ def test_annotated_bounds_of_tool_parameters_reach_the_schema_and_are_enforced()
     schema = refund_status.spec.parameters["properties"]["invoice_id"]
     assert schema["maxLength"] == 20
     assert service_status.spec.parameters["properties"]["service"]["enum"] == [
-        "login", "api", "dashboard",
+        "login",
+        "api",
+        "dashboard",
     ]
     with pytest.raises(ValueError, match="at most 20 characters"):
         refund_status.parse_arguments('{"invoice_id": "' + "1" * 150 + '"}')

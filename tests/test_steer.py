@@ -16,8 +16,8 @@ from temporalio.client import Client
 
 from relaykit import Agent, start_run, tool
 from relaykit.devserver import DevServer
-from relaykit.watch import describe
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
+from relaykit.watch import describe
 from tests.support import history_events, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,8 +35,14 @@ async def cli(*args: str, address: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relaykit.cli", *args, cwd=REPO_ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "relaykit.cli",
+        *args,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
@@ -64,27 +70,40 @@ async def test_a_steer_cancels_the_held_model_call_and_the_next_call_answers_the
     agent = Agent(name="steered_assistant", model=model)
     try:
         async with serving(client, agent) as worker:
-            handle = await start_run(client, agent, "the weather in Paris", task_queue=worker.task_queue)
+            handle = await start_run(
+                client, agent, "the weather in Paris", task_queue=worker.task_queue
+            )
             await asyncio.to_thread(model_server.wait_for_requests, model.name, 1, 20.0)
-            code, out, err = await cli("steer", handle.id, "actually: the weather in Tokyo",
-                                       address=temporal_server.address)
+            code, out, err = await cli(
+                "steer",
+                handle.id,
+                "actually: the weather in Tokyo",
+                address=temporal_server.address,
+            )
             assert code == 0, err
             await asyncio.to_thread(model_server.wait_for_requests, model.name, 2, 20.0)
 
             async def first_call_stopped() -> bool:  # the cancel reached the activity
                 return EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED in event_types(
-                    await history_events(handle.workflow))
+                    await history_events(handle.workflow)
+                )
 
             await eventually(first_call_stopped, "the held model call to be cancelled")
             second.set()
             result = await handle.result()
             events = await handle.events()
-            shown = [describe(item) async for item in handle.stream(deltas=False)
-                     if item.kind == "steered"]
+            shown = [
+                describe(item)
+                async for item in handle.stream(deltas=False)
+                if item.kind == "steered"
+            ]
     finally:
         held.set()
         second.set()
-    assert out.strip() == "steered: the model call in flight was cancelled; the next one has your message"
+    assert (
+        out.strip()
+        == "steered: the model call in flight was cancelled; the next one has your message"
+    )
     assert result.output == "Tokyo: sunny"
     assert result.turns == 1 and result.usage.requests == 1
     assert [m.role for m in result.transcript] == ["user", "user", "assistant"]
@@ -98,7 +117,8 @@ async def test_a_steer_cancels_the_held_model_call_and_the_next_call_answers_the
     ]
     sent = model_server.requests(model.name)[1].messages
     assert [m["content"] for m in sent if m["role"] == "user"] == [
-        "the weather in Paris", "actually: the weather in Tokyo"
+        "the weather in Paris",
+        "actually: the weather in Tokyo",
     ]
 
 

@@ -27,7 +27,14 @@ from relaykit import Agent, RunInput, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.messages import Message
 from relaykit.runs import RunResult, RunState
-from relaykit.storage import InvalidKey, Store, StoreDriver, StoreError, scope_for, with_external_storage
+from relaykit.storage import (
+    InvalidKey,
+    Store,
+    StoreDriver,
+    StoreError,
+    scope_for,
+    with_external_storage,
+)
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
@@ -37,12 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PII = "Jane Roe, IBAN DE44500105175407324931"
 
 
-
 @pytest.fixture(autouse=True)
 def no_store_left_behind(tmp_path: Path) -> Iterator[None]:
     """Stores hold transcripts: remove each test's temporary folder when it ends."""
     yield
     shutil.rmtree(tmp_path, ignore_errors=True)
+
 
 class AesGcmCodec(PayloadCodec):
     """A small encrypting codec (the key would come from the environment in production)."""
@@ -55,7 +62,9 @@ class AesGcmCodec(PayloadCodec):
         for p in payloads:
             nonce = os.urandom(12)
             sealed = self.aead.encrypt(nonce, p.SerializeToString(), None)
-            out.append(Payload(metadata={"encoding": b"binary/test-encrypted"}, data=nonce + sealed))
+            out.append(
+                Payload(metadata={"encoding": b"binary/test-encrypted"}, data=nonce + sealed)
+            )
         return out
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
@@ -86,7 +95,9 @@ async def test_a_digest_that_is_not_hex_is_missing_and_never_read_from_outside_t
     tmp_path: Path,
 ) -> None:
     store_dir = tmp_path / "store"
-    (tmp_path / "outside.json").write_text(json.dumps({"parent": None, "messages": [{"role": "user", "content": "secret"}]}))
+    (tmp_path / "outside.json").write_text(
+        json.dumps({"parent": None, "messages": [{"role": "user", "content": "secret"}]})
+    )
     transcripts = TranscriptStore(store_dir)
     for bad in ("../outside", "../../outside", "..", "/etc/passwd", "A" * 32, "0" * 31, "0" * 64):
         with pytest.raises(TranscriptNotFound):
@@ -102,14 +113,19 @@ async def test_a_forged_context_ref_in_a_raw_start_input_resends_inline_without_
     store_dir = tmp_path / "store"
     secret = "contents of a file outside the store"
     for name in ("outside.json", "outside"):
-        (tmp_path / name).write_text(json.dumps({"parent": None, "messages": [{"role": "user", "content": secret}]}))
+        (tmp_path / name).write_text(
+            json.dumps({"parent": None, "messages": [{"role": "user", "content": secret}]})
+        )
     model = scripted_model(model_server)
     model_server.script(model.name, [text("answered")])
     agent = Agent(name="forged", model=model)
     async with serving(client, agent, transcript_dir=store_dir) as worker:
         state = RunState(
-            agent="forged", run_path=["forged"], transcript=[Message.user("hello")],
-            context_ref="../outside", context_ref_count=0,
+            agent="forged",
+            run_path=["forged"],
+            transcript=[Message.user("hello")],
+            context_ref="../outside",
+            context_ref_count=0,
         )
         handle = await client.start_workflow(
             AGENT_RUN_WORKFLOW,
@@ -174,12 +190,20 @@ async def test_transcript_refs_of_the_old_flat_layout_still_resolve(tmp_path: Pa
     (legacy_dir / digest[:2] / f"{digest}.json").write_bytes(node)
     (legacy_dir / "static").mkdir()
     (legacy_dir / "static" / f"{'c' * 32}.json").write_text(json.dumps({"system": "old"}))
-    for store in (TranscriptStore(legacy_dir), TranscriptStore(tmp_path / "new", legacy_dir=legacy_dir)):
+    for store in (
+        TranscriptStore(legacy_dir),
+        TranscriptStore(tmp_path / "new", legacy_dir=legacy_dir),
+    ):
         assert [m.content for m in await store.load("run-9", digest)] == ["task", "a"]
         assert await store.load_static("run-9", "c" * 32) == {"system": "old"}
         newer = await store.save("run-9", digest, [Message.user("more")])  # chains onto it
-        assert [m.content for m in await TranscriptStore(store.store, legacy_dir=legacy_dir).load("run-9", newer)] == [
-            "task", "a", "more",
+        assert [
+            m.content
+            for m in await TranscriptStore(store.store, legacy_dir=legacy_dir).load("run-9", newer)
+        ] == [
+            "task",
+            "a",
+            "more",
         ]
 
 
@@ -232,7 +256,9 @@ async def test_a_3mb_prompt_and_a_3mb_tool_output_complete_a_run(
     client: Client, model_server: ScriptedModelServer, tmp_path: Path
 ) -> None:
     store = Store(tmp_path / "store")
-    big_client = await client_with(client, data_converter=with_external_storage(pydantic_data_converter, store))
+    big_client = await client_with(
+        client, data_converter=with_external_storage(pydantic_data_converter, store)
+    )
     page = "p" * 3_000_000
 
     @tool(max_output_chars=4_000_000)
@@ -264,9 +290,14 @@ async def test_a_forged_payload_reference_cannot_read_outside_the_store(tmp_path
     driver = StoreDriver(Store(tmp_path / "store"))
     for key in ("../outside", "runs/x/payloads/../../../outside", "runs/x/t/" + "0" * 64, ""):
         with pytest.raises(InvalidKey):
-            await driver.retrieve(StorageDriverRetrieveContext(), [StorageDriverClaim({"key": key})])
+            await driver.retrieve(
+                StorageDriverRetrieveContext(), [StorageDriverClaim({"key": key})]
+            )
     with pytest.raises(StoreError, match="not in the store"):
-        await driver.retrieve(StorageDriverRetrieveContext(), [StorageDriverClaim({"key": "runs/x/payloads/" + "0" * 64})])
+        await driver.retrieve(
+            StorageDriverRetrieveContext(),
+            [StorageDriverClaim({"key": "runs/x/payloads/" + "0" * 64})],
+        )
 
 
 # --- retention ----------------------------------------------------------------------------------
@@ -275,8 +306,11 @@ async def test_a_forged_payload_reference_cannot_read_outside_the_store(tmp_path
 def relaykit_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "relaykit.cli", *args],
-        cwd=ROOT, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **env},
-        capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -381,7 +415,10 @@ async def test_a_new_worker_reads_a_long_chain_in_parallel_rounds(tmp_path: Path
 
     fresh = TranscriptStore(Counting(tmp_path / "store"))
     messages = await fresh.load("run", ref)
-    assert [m.content for m in messages] == ["task", *(x for i in range(100) for x in (f"a{i}", f"u{i}"))]
+    assert [m.content for m in messages] == [
+        "task",
+        *(x for i in range(100) for x in (f"a{i}", f"u{i}")),
+    ]
     assert len(reads) == 101  # every node once
     assert in_flight[1] >= 16  # in parallel rounds, not one read after another
     # ... and a turn saved by this worker links to the same ancestors, for the next new worker.
@@ -398,16 +435,24 @@ async def test_connect_and_workers_offload_to_the_configured_store_and_keep_the_
     from relaykit import Worker, connect
 
     store = Store(tmp_path / "store")
-    connected = await connect(temporal_server.address, namespace=temporal_server.namespace, store=store)
+    connected = await connect(
+        temporal_server.address, namespace=temporal_server.namespace, store=store
+    )
     storage = connected.data_converter.external_storage
     assert storage is not None and storage.drivers[0].target is store  # type: ignore[attr-defined]
     codec = AesGcmCodec()
-    converter = with_external_storage(dataclasses.replace(pydantic_data_converter, payload_codec=codec), store)
+    converter = with_external_storage(
+        dataclasses.replace(pydantic_data_converter, payload_codec=codec), store
+    )
     assert converter.payload_codec is codec and converter.external_storage is not None
     assert with_external_storage(converter, Store("memory:///")) is converter  # already has one
     # A worker on a client without external storage adds it, with its own store and the codec.
-    encrypted = await client_with(client, data_converter=dataclasses.replace(pydantic_data_converter, payload_codec=codec))
-    worker = Worker(encrypted, Agent(name="noop", model="openai:x"), store=f"file://{tmp_path / 'other'}")
+    encrypted = await client_with(
+        client, data_converter=dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+    )
+    worker = Worker(
+        encrypted, Agent(name="noop", model="openai:x"), store=f"file://{tmp_path / 'other'}"
+    )
     assert worker.store.codec is codec
     assert worker.client.data_converter.external_storage.drivers[0].target is worker.store  # type: ignore[union-attr]
     assert worker.client.data_converter.payload_codec is codec
@@ -423,7 +468,8 @@ async def test_gc_keeps_a_closed_root_while_one_of_its_child_runs_still_runs(
     model = scripted_model(model_server)
     gate = threading.Event()
     model_server.respond(
-        model.name, lambda r: text("late", hold=gate) if "late" in r.last_user_text else text("root done")
+        model.name,
+        lambda r: text("late", hold=gate) if "late" in r.last_user_text else text("root done"),
     )
     agent = Agent(name="rooted", model=model)
     store = Store(tmp_path / "store")
@@ -431,7 +477,9 @@ async def test_gc_keeps_a_closed_root_while_one_of_its_child_runs_still_runs(
         root = await start_run(client, agent, "root", task_queue=worker.task_queue)
         await root.result()
         # A detached child (named <root>/<call>, like a background subagent) outlives its root.
-        child = await start_run(client, agent, "late", task_queue=worker.task_queue, id=f"{root.id}/late")
+        child = await start_run(
+            client, agent, "late", task_queue=worker.task_queue, id=f"{root.id}/late"
+        )
         await asyncio.to_thread(model_server.wait_for_requests, model.name, 2)
         kept = await collect_garbage(store, client, retention=timedelta(0))
         assert kept.kept[root.id] == f"child run {child.id} is running"

@@ -90,9 +90,10 @@ async def test_an_object_with_a_large_string_reads_back_byte_for_byte_and_whole_
     tmp_path: Path,
 ) -> None:
     store = Store(tmp_path / "store")
-    big = "é\"\\\n\t" * 20_000
-    node = json.dumps([{"role": "tool", "content": big}, {"role": "user", "content": "ok"}],
-                      ensure_ascii=False).encode()
+    big = 'é"\\\n\t' * 20_000
+    node = json.dumps(
+        [{"role": "tool", "content": big}, {"role": "user", "content": "ok"}], ensure_ascii=False
+    ).encode()
     await store.put("runs/r1/t/" + "a" * 32, node)
     await store.put("runs/r1/t/" + "b" * 32, node + b" ")
     assert await store.get("runs/r1/t/" + "a" * 32) == node

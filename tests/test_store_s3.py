@@ -41,12 +41,12 @@ AWS_ENV = {
 }
 
 
-
 @pytest.fixture(autouse=True)
 def no_store_left_behind(tmp_path: Path) -> Iterator[None]:
     """Stores hold transcripts: remove each test's temporary folder when it ends."""
     yield
     shutil.rmtree(tmp_path, ignore_errors=True)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -62,7 +62,9 @@ def s3_endpoint(tmp_path: Path) -> Iterator[str]:
     log = open(tmp_path / "moto.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
@@ -113,9 +115,20 @@ class Machines:
         log = open(home.with_suffix(".log"), "wb")  # noqa: SIM115
         self.logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", "tests.store_agents",
-             "--task-queue", self.task_queue],
-            cwd=home, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "worker",
+                "tests.store_agents",
+                "--task-queue",
+                self.task_queue,
+            ],
+            cwd=home,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         self.processes.append(proc)
         return proc
@@ -156,7 +169,11 @@ def _bytes_per_model_turn(events: list) -> list[int]:
     sizes: list[int] = []
     for event in events:
         scheduled = event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        if scheduled and event.activity_task_scheduled_event_attributes.activity_type.name == "relaykit.model_call":
+        if (
+            scheduled
+            and event.activity_task_scheduled_event_attributes.activity_type.name
+            == "relaykit.model_call"
+        ):
             sizes.append(0)
         if sizes:
             sizes[-1] += event.ByteSize()
@@ -165,7 +182,8 @@ def _bytes_per_model_turn(events: list) -> list[int]:
 
 def _transcript_misses(events: list) -> int:
     return sum(
-        1 for e in events
+        1
+        for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
         and e.activity_task_failed_event_attributes.failure.application_failure_info.type
         == TRANSCRIPT_MISSING
@@ -184,7 +202,9 @@ async def test_three_workers_sharing_only_s3_serve_twenty_long_runs_through_a_ro
     model_server.respond(model, respond)
     task_queue = f"s3-{uuid.uuid4().hex[:10]}"
     store_url = f"s3://{BUCKET}/relaykit?endpoint={s3_endpoint}&allow_http=true"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_", "AWS_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_", "AWS_"))
+    }
     env.update(
         AWS_ENV,
         TEMPORAL_ADDRESS=temporal_server.address,
@@ -199,7 +219,9 @@ async def test_three_workers_sharing_only_s3_serve_twenty_long_runs_through_a_ro
     try:
         live = [machines.start() for _ in range(3)]
         handles = [
-            await start_run(client, "store_agent", f"job {i}", task_queue=task_queue, max_turns=TURNS + 5)
+            await start_run(
+                client, "store_agent", f"job {i}", task_queue=task_queue, max_turns=TURNS + 5
+            )
             for i in range(RUNS)
         ]
         # A rolling deploy: each worker in turn is replaced by a new process on a new machine,

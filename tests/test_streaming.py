@@ -65,7 +65,10 @@ async def test_deltas_arrive_in_order_and_add_up_to_each_final_message(
         result = await handle.result()
     assert texts_by_message(items) == [
         ("Let me look that up first.", "Let me look that up first."),
-        ("Child answer, written in many small pieces.", "Child answer, written in many small pieces."),
+        (
+            "Child answer, written in many small pieces.",
+            "Child answer, written in many small pieces.",
+        ),
         (result.output, result.output),
     ]
     child_deltas = [i for i in items if i.is_delta and i.workflow_id != handle.id]
@@ -106,7 +109,13 @@ class PacedModel:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
 
-                send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+                send(
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                )
                 for piece in owner.pieces:
                     if not owner.go.acquire(timeout=20):
                         return
@@ -181,7 +190,8 @@ async def test_text_appears_while_the_model_writes_and_history_keeps_only_the_fi
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
     } & {e.event_type for e in history}
     print(
-        f"\ndelta latency over {len(latencies)} pieces: mean {statistics.mean(latencies) * 1000:.0f} ms, "
+        f"\ndelta latency over {len(latencies)} pieces: "
+        f"mean {statistics.mean(latencies) * 1000:.0f} ms, "
         f"max {max(latencies) * 1000:.0f} ms"
     )
     assert max(latencies) < 3.0

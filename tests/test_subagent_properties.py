@@ -1,9 +1,9 @@
 """Property-based: whatever a model writes as arguments of the subagent tools (and of an agent
 tool), the run finishes and no workflow task fails.
 
-Each example is a real run on the Temporal dev server the tests share: the scripted lead first spawns
-one task (so ids can refer to something), then calls the tools with generated arguments in one
-turn, then answers. Generated arguments mix plausible values with wrong types, odd shapes,
+Each example is a real run on the Temporal dev server the tests share: the scripted lead first
+spawns one task (so ids can refer to something), then calls the tools with generated arguments in
+one turn, then answers. Generated arguments mix plausible values with wrong types, odd shapes,
 NaN/Infinity, huge numbers, non-JSON text and JSON that is not an object. One worker serves all
 examples, so CI pays about half a minute.
 
@@ -32,7 +32,14 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from relaykit import Agent, Subagents, Worker, start_run
-from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step, batch, call, text
+from relaykit.testing.scripted_server import (
+    ScriptedModelServer,
+    ScriptedRequest,
+    Step,
+    batch,
+    call,
+    text,
+)
 from tests.support import history_events, scripted_model, serving
 
 UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
@@ -49,7 +56,9 @@ scalars = (
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 FIELDS = {

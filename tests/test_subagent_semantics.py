@@ -18,8 +18,15 @@ from relaykit import Agent, RunFailed, Subagents, ToolContext, start_run, tool
 from relaykit.messages import Message
 from relaykit.runs import RunResult
 from relaykit.streaming import StreamEvent
+from relaykit.testing.scripted_server import (
+    ScriptedModelServer,
+    ScriptedRequest,
+    Step,
+    batch,
+    call,
+    text,
+)
 from relaykit.watch import describe
-from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step, batch, call, text
 from tests.support import history_events, scripted_model, serving
 
 
@@ -94,7 +101,8 @@ async def test_a_tool_that_cancels_its_own_agent_tool_child_run_ends_the_parent_
     # server then refuses that completion (UnhandledCommand) and the task runs again with the
     # request in view. That is Temporal's normal race, not a failure of workflow code.
     failed = [
-        e for e in await history_events(handle.workflow)
+        e
+        for e in await history_events(handle.workflow)
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
         and e.workflow_task_failed_event_attributes.cause
         != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
@@ -165,7 +173,11 @@ async def test_wait_with_timeout_zero_does_not_wait_and_names_the_running_tasks(
     result, handle, _ = await _run_lead(
         client,
         model_server,
-        [call("spawn_subagent", prompt="alpha"), call("wait_subagents", timeout_seconds=0), text("ok")],
+        [
+            call("spawn_subagent", prompt="alpha"),
+            call("wait_subagents", timeout_seconds=0),
+            text("ok"),
+        ],
     )
     waited = _tool_results(result)[1]
     assert not waited.is_error
@@ -179,11 +191,15 @@ async def test_a_wait_that_times_out_says_so_and_lists_what_still_runs(
     result, _, _ = await _run_lead(
         client,
         model_server,
-        [call("spawn_subagent", prompt="alpha"), call("wait_subagents", timeout_seconds=0.5), text("ok")],
+        [
+            call("spawn_subagent", prompt="alpha"),
+            call("wait_subagents", timeout_seconds=0.5),
+            text("ok"),
+        ],
     )
     waited = _tool_results(result)[1]
     assert "The wait timed out after 0.5 s" in waited.content
-    assert 'task-1 (researcher, running for' in waited.content and '"alpha"' in waited.content
+    assert "task-1 (researcher, running for" in waited.content and '"alpha"' in waited.content
 
 
 @pytest.mark.parametrize(
@@ -201,13 +217,17 @@ async def test_a_wait_that_times_out_says_so_and_lists_what_still_runs(
         "wait for everything",
     ],
 )
-async def test_wait_arguments_out_of_bounds_or_of_the_wrong_type_are_an_error_result_without_a_timer(
+async def test_wait_arguments_out_of_bounds_or_of_the_wrong_type_are_an_error_result_without_a_timer(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, raw: str
 ) -> None:
-    result, handle, requests = await _run_lead(
+    result, handle, _requests = await _run_lead(
         client,
         model_server,
-        [call("spawn_subagent", prompt="alpha"), call("wait_subagents", raw_arguments=raw), text("ok")],
+        [
+            call("spawn_subagent", prompt="alpha"),
+            call("wait_subagents", raw_arguments=raw),
+            text("ok"),
+        ],
     )
     refused = _tool_results(result)[1]
     assert refused.is_error and "Invalid arguments for tool 'wait_subagents'" in refused.content
@@ -337,8 +357,8 @@ async def test_the_cap_refusal_names_the_running_tasks_that_hold_the_slots(
     )
     refused = _tool_results(result)[2]
     assert refused.is_error and refused.content.startswith("Refused: 2 of at most 2 tasks")
-    assert 'task-1 (researcher, running for' in refused.content and '"alpha"' in refused.content
-    assert 'task-2 (researcher, running for' in refused.content and '"beta"' in refused.content
+    assert "task-1 (researcher, running for" in refused.content and '"alpha"' in refused.content
+    assert "task-2 (researcher, running for" in refused.content and '"beta"' in refused.content
 
 
 async def test_detached_subagents_are_not_told_to_wait_before_answering(
@@ -399,7 +419,11 @@ async def test_a_long_report_keeps_its_beginning_and_its_conclusion(
     result, _, _ = await _run_lead(
         client,
         model_server,
-        [call("spawn_subagent", prompt="alpha"), call("wait_subagents", timeout_seconds=30), text("ok")],
+        [
+            call("spawn_subagent", prompt="alpha"),
+            call("wait_subagents", timeout_seconds=30),
+            text("ok"),
+        ],
         researcher=researcher,
         max_result_chars=200,
     )
@@ -448,11 +472,16 @@ async def test_a_task_id_held_by_a_task_of_an_earlier_run_is_an_error_result_not
     lead_model = scripted_model(model_server)
     model_server.script(
         lead_model.name,
-        [call("spawn_subagent", prompt="first"), text("first done"),
-         call("spawn_subagent", prompt="second"), text("second done")],
+        [
+            call("spawn_subagent", prompt="first"),
+            text("first done"),
+            call("spawn_subagent", prompt="second"),
+            text("second done"),
+        ],
     )
     lead = Agent(
-        name="lead", model=lead_model,
+        name="lead",
+        model=lead_model,
         subagents=Subagents([researcher], detached=True, deliver_url="http://127.0.0.1:9/r"),
     )
     run_id = f"reused-{uuid.uuid4().hex[:8]}"

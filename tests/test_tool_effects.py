@@ -88,16 +88,17 @@ def test_a_tool_says_nothing_is_a_write_and_its_declared_effect_is_readable() ->
 def test_an_effect_or_unknown_choice_that_does_not_exist_is_refused_when_the_tool_is_defined(
     options: dict[str, Any],
 ) -> None:
-    with pytest.raises(ConfigurationError, match="effect|on_unknown"):
+    with pytest.raises(ConfigurationError, match=r"effect|on_unknown"):
 
         @tool(**options)
         def t() -> str:
             """T."""
             return ""
 
-    with pytest.raises(ConfigurationError, match="effect|on_unknown"):
+    with pytest.raises(ConfigurationError, match=r"effect|on_unknown"):
         MCPServer.stdio(
-            "docs", ["server"],
+            "docs",
+            ["server"],
             **({"effects": {"t": options["effect"]}} if "effect" in options else options),
         )
 
@@ -105,7 +106,7 @@ def test_an_effect_or_unknown_choice_that_does_not_exist_is_refused_when_the_too
 # --- worker crashes (real worker processes, SIGKILL) ---------------------------------------------
 
 
-async def test_write_tool_in_flight_at_a_worker_kill_runs_once_and_the_model_reads_an_unknown_outcome(
+async def test_write_tool_in_flight_at_a_worker_kill_runs_once_and_the_model_reads_an_unknown_outcome(  # noqa: E501
     client: Client, rig: CrashRig
 ) -> None:
     # The charge had started when its worker died: the next attempt does not charge again; the
@@ -129,7 +130,9 @@ async def test_write_tool_in_flight_at_a_worker_kill_runs_once_and_the_model_rea
     (event,) = await unknown_events(handle)
     assert event.data["call_id"] == "c_charge" and event.data["attempt"] == 1
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "slow_charge", "relaykit.model_call",
+        "relaykit.model_call",
+        "slow_charge",
+        "relaykit.model_call",
     ]
 
 
@@ -161,7 +164,10 @@ async def test_write_tool_asking_on_unknown_waits_for_a_person_and_runs_again_on
     first, second = keys(rig, "slow_charge_asked")
     assert first == second and first.startswith("rk-")
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "slow_charge_asked", "slow_charge_asked", "relaykit.model_call",
+        "relaykit.model_call",
+        "slow_charge_asked",
+        "slow_charge_asked",
+        "relaykit.model_call",
     ]
     summaries = [s for s in await activity_summaries(handle.workflow, client) if "charge" in s]
     assert summaries == [
@@ -178,7 +184,10 @@ async def test_read_and_idempotent_tools_in_flight_at_a_kill_run_again_with_the_
     server = rig.model_server
     server.script(
         rig.model,
-        [batch(call("slow_step", id="c_read", n=1), call("slow_put", id="c_put", n=2)), text("done")],
+        [
+            batch(call("slow_step", id="c_read", n=1), call("slow_put", id="c_put", n=2)),
+            text("done"),
+        ],
     )
     rig.start_worker()
     handle = await start_run(client, "crash_agent", "go", task_queue=rig.task_queue)
@@ -238,8 +247,11 @@ def pay_slowly(key: str) -> str:
     return "paid late"
 
 
-@tool(timeout=1, retry=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(milliseconds=100)),
-      on_unknown="ask")
+@tool(
+    timeout=1,
+    retry=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(milliseconds=100)),
+    on_unknown="ask",
+)
 def pay_slowly_asked(key: str) -> str:
     """A write that times out on its first attempt; a person decides on the rest.
 
@@ -349,13 +361,18 @@ async def test_mcp_call_annotated_read_only_runs_again_and_an_unannotated_one_is
     # worker; the other (a write: no hints) does not, and the killed worker's server dies with
     # it, so it never finishes the call afterwards either.
     from tests.test_mcp import (
-        RESULT_TIMEOUT, ServerLog, WorkerProcesses, process_alive,
+        RESULT_TIMEOUT,
+        ServerLog,
+        WorkerProcesses,
+        process_alive,
     )
 
     log = ServerLog(tmp_path / "stdio.log")
     release = tmp_path / "release"
     workers = WorkerProcesses(
-        temporal_server, model_server, tmp_path,
+        temporal_server,
+        model_server,
+        tmp_path,
         extra_env={"MCP_TEST_LOG": str(log.path), "MCP_TEST_RELEASE": str(release)},
     )
     model_server.script(
@@ -373,7 +390,8 @@ async def test_mcp_call_annotated_read_only_runs_again_and_an_unannotated_one_is
         handle = await start_run(client, "mcp_crash_agent", "go", task_queue=workers.task_queue)
         await eventually(
             lambda: {"slow", "slow_write"} <= {t for _, t, _, _ in log.lines()},
-            "both calls to reach the server", timeout=RESULT_TIMEOUT,
+            "both calls to reach the server",
+            timeout=RESULT_TIMEOUT,
         )
         (old_server,) = {pid for pid, t, _, _ in log.lines() if t == "slow_write"}
         kill(first)
@@ -399,14 +417,31 @@ def test_watch_shows_an_unknown_outcome_and_why_a_person_is_asked() -> None:
     from relaykit.watch import describe
 
     lost = StreamEvent(
-        kind="tool_outcome_unknown", seq=3, agent="a", turn=1, workflow_id="w",
-        data={"call_id": "c1", "name": "refund", "attempt": 1, "started_at": "12:00:01Z",
-              "on_unknown": "ask"},
+        kind="tool_outcome_unknown",
+        seq=3,
+        agent="a",
+        turn=1,
+        workflow_id="w",
+        data={
+            "call_id": "c1",
+            "name": "refund",
+            "attempt": 1,
+            "started_at": "12:00:01Z",
+            "on_unknown": "ask",
+        },
     )
     asked = StreamEvent(
-        kind="approval_requested", seq=4, agent="a", turn=1, workflow_id="w",
-        data={"call_id": "c1.rerun", "tool": "refund", "arguments": "{}",
-              "reason": "outcome unknown: attempt 1 was lost"},
+        kind="approval_requested",
+        seq=4,
+        agent="a",
+        turn=1,
+        workflow_id="w",
+        data={
+            "call_id": "c1.rerun",
+            "tool": "refund",
+            "arguments": "{}",
+            "reason": "outcome unknown: attempt 1 was lost",
+        },
     )
     assert describe(lost) == (
         "? refund: outcome unknown (attempt 1 lost, started 12:00:01Z); a person decides [call c1]"
@@ -414,7 +449,9 @@ def test_watch_shows_an_unknown_outcome_and_why_a_person_is_asked() -> None:
     assert describe(asked).endswith("[call c1.rerun] (outcome unknown: attempt 1 was lost)")
 
 
-@tool(timeout=1, retry=RetryPolicy(maximum_attempts=2, initial_interval=timedelta(milliseconds=100)))
+@tool(
+    timeout=1, retry=RetryPolicy(maximum_attempts=2, initial_interval=timedelta(milliseconds=100))
+)
 def pay_slowly_twice(key: str) -> str:
     """A write whose attempts outlive their start-to-close timeout.
 
@@ -444,8 +481,10 @@ async def test_a_run_continued_from_one_started_before_effects_runs_a_lost_write
     run_id = f"old-effects-{uuid.uuid4().hex[:8]}"
     async with serving(client, agent) as worker:
         await client.start_workflow(
-            AGENT_RUN_WORKFLOW, RunInput(agent=agent.name, input="go", state=state),
-            id=run_id, task_queue=worker.task_queue,
+            AGENT_RUN_WORKFLOW,
+            RunInput(agent=agent.name, input="go", state=state),
+            id=run_id,
+            task_queue=worker.task_queue,
         )
         handle = get_run(client, run_id)
         result = await asyncio.wait_for(handle.result(), timeout=60)
@@ -464,10 +503,16 @@ async def test_a_fork_that_repeats_a_call_at_the_same_turn_and_position_gets_a_n
 
     key = uuid.uuid4().hex
     agent, model = _agent(model_server, pay)
-    model_server.script(model, [
-        call("pay", id="c1", key=key), call("pay", id="c2", key=key), text("done"),
-        call("pay", id="c2", key=key), text("done again"),
-    ])
+    model_server.script(
+        model,
+        [
+            call("pay", id="c1", key=key),
+            call("pay", id="c2", key=key),
+            text("done"),
+            call("pay", id="c2", key=key),
+            text("done again"),
+        ],
+    )
     async with serving(client, agent) as worker:
         origin = await start_run(client, agent, "go", task_queue=worker.task_queue)
         await asyncio.wait_for(origin.result(), timeout=60)

@@ -21,11 +21,11 @@ from temporalio.exceptions import ApplicationError
 from relaykit import Agent, ToolContext, start_run, tool
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.tools import (
-    ToolInvocation,
     DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
-    MAX_TOOL_ERROR_BYTES,
     MAX_OFFLOADED_TOOL_RESULT_BYTES,
+    MAX_TOOL_ERROR_BYTES,
     MAX_TOOL_RESULT_BYTES,
+    ToolInvocation,
 )
 from tests.support import history_events, scripted_model, serving
 
@@ -152,7 +152,9 @@ def hangs(key: str) -> str:
     return "released"
 
 
-def _agent(model_server: ScriptedModelServer, name: str, *tools: Any, **model: Any) -> tuple[Agent, str]:
+def _agent(
+    model_server: ScriptedModelServer, name: str, *tools: Any, **model: Any
+) -> tuple[Agent, str]:
     spec = scripted_model(model_server, **model)
     return Agent(name=name, instructions="Use the tool.", model=spec, tools=list(tools)), spec.name
 
@@ -228,9 +230,7 @@ async def test_an_application_error_with_a_3mb_message_and_details_fails_once_wi
 ) -> None:
     key = uuid.uuid4().hex
     agent, model = _agent(model_server, "huge_app_error", raises_huge_application_error)
-    model_server.script(
-        model, [call("raises_huge_application_error", key=key), text("noted")]
-    )
+    model_server.script(model, [call("raises_huge_application_error", key=key), text("noted")])
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
         result = await asyncio.wait_for(handle.result(), timeout=60)
@@ -335,8 +335,7 @@ async def test_hung_sync_tools_do_not_make_unrelated_runs_model_calls_fail(
                 await asyncio.sleep(0.05)
             assert RUNS[key] == 4  # the tool pool is full; the other calls queue for it
             handles = [
-                await start_run(client, free, "hi", task_queue=worker.task_queue)
-                for _ in range(3)
+                await start_run(client, free, "hi", task_queue=worker.task_queue) for _ in range(3)
             ]
             results = await asyncio.wait_for(
                 asyncio.gather(*(h.result() for h in handles)), timeout=30

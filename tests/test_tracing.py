@@ -66,7 +66,9 @@ async def test_a_run_is_one_trace_with_genai_attributes_on_model_and_tool_spans(
     model = scripted_model(model_server)
     model_server.script(model.name, [call("add", a=2, b=3), text("5")])
     agent = Agent(name="adder", model=model, tools=[add])
-    async with Worker(traced, agent, task_queue=f"tq-{uuid.uuid4().hex[:10]}", tracing=True) as worker:
+    async with Worker(
+        traced, agent, task_queue=f"tq-{uuid.uuid4().hex[:10]}", tracing=True
+    ) as worker:
         handle = await start_run(traced, agent, "2+3?", task_queue=worker.task_queue)
         assert (await handle.result()).output == "5"
     found = exporter.get_finished_spans()
@@ -134,18 +136,24 @@ async def test_replaying_a_traced_run_emits_no_spans_and_no_logs(
     task_queue = f"replay-{build_id}"  # the task queue a Replayer with this build id runs on
     caplog.set_level(logging.INFO, logger="temporalio.workflow")
     try:
-        async with Worker(client, agent, task_queue=task_queue, tracing=True, tracer=tracer) as worker:
+        async with Worker(
+            client, agent, task_queue=task_queue, tracing=True, tracer=tracer
+        ) as worker:
             handle = await start_run(client, agent, "1+1?", task_queue=task_queue)
             await model_server_waits(model_server, model.name, 2)
             # An answer nobody asked for: the workflow logs a warning and ignores it.
-            await handle.workflow.signal("approve_signal", ApprovalDecision(call_id="nope", approved=True))
+            await handle.workflow.signal(
+                "approve_signal", ApprovalDecision(call_id="nope", approved=True)
+            )
             gate.set()
             assert (await handle.result()).output == "2"
             graph = worker.graph
     finally:
         gate.set()
     live_spans = exporter.get_finished_spans()
-    assert named(live_spans, "RunWorkflow:AgentRun") and named(live_spans, "HandleSignal:approve_signal")
+    assert named(live_spans, "RunWorkflow:AgentRun") and named(
+        live_spans, "HandleSignal:approve_signal"
+    )
     assert any("ignored approval" in r.getMessage() for r in caplog.records)
 
     history = await handle.workflow.fetch_history()

@@ -47,7 +47,12 @@ async def test_multi_turn_tool_loop_returns_final_answer_and_usage(
     assert requests[0].tool_names == ["add"]
     assert requests[2].tool_results == ["5", "15"]
     assert [m.role for m in result.transcript] == [
-        "user", "assistant", "tool", "assistant", "tool", "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
     ]
 
 
@@ -62,7 +67,9 @@ async def test_each_tool_is_its_own_activity_type_with_readable_summaries(
         handle = await start_run(client, agent, "1+2", task_queue=worker.task_queue)
         await handle.result()
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "add", "relaykit.model_call",
+        "relaykit.model_call",
+        "add",
+        "relaykit.model_call",
     ]
     summaries = await activity_summaries(handle.workflow, client)
     assert summaries == [
@@ -109,14 +116,20 @@ async def test_output_type_validation_failure_is_sent_back_and_retried(
     # An answer that does not match output_type gets a retry prompt; the next valid one wins.
     model = scripted_model(model_server)
     model_server.script(
-        model.name, [text('{"city": "Paris"}'), text('```json\n{"city": "Paris", "temperature": 14}\n```')]
+        model.name,
+        [text('{"city": "Paris"}'), text('```json\n{"city": "Paris", "temperature": 14}\n```')],
     )
     agent = Agent(name="structured", model=model, output_type=Answer)
     async with serving(client, agent) as worker:
-        result = await (await start_run(client, agent, "weather", task_queue=worker.task_queue)).result()
+        result = await (
+            await start_run(client, agent, "weather", task_queue=worker.task_queue)
+        ).result()
     assert result.output == {"city": "Paris", "temperature": 14.0}
     first, second = model_server.requests(model.name)
-    assert first.body["response_format"]["json_schema"]["schema"]["required"] == ["city", "temperature"]
+    assert first.body["response_format"]["json_schema"]["schema"]["required"] == [
+        "city",
+        "temperature",
+    ]
     assert "temperature" in second.last_user_text and "schema" in second.last_user_text
 
 
@@ -142,7 +155,9 @@ async def test_non_object_output_type_is_wrapped_and_unwrapped(
     model_server.script(model.name, [text('{"result": ["a", "b"]}')])
     agent = Agent(name="lister", model=model, output_type=list[str])
     async with serving(client, agent) as worker:
-        result = await (await start_run(client, agent, "list", task_queue=worker.task_queue)).result()
+        result = await (
+            await start_run(client, agent, "list", task_queue=worker.task_queue)
+        ).result()
     assert result.output == ["a", "b"]
 
 
@@ -160,7 +175,9 @@ async def test_max_turns_ends_the_run_with_a_typed_error(
     assert model_server.request_count(model.name) == 3
 
 
-async def test_token_budget_stops_the_run(client: Client, model_server: ScriptedModelServer) -> None:
+async def test_token_budget_stops_the_run(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
     # Each response costs 15 tokens; a 40-token budget is exceeded by the third call.
     model = scripted_model(model_server)
     model_server.script(model.name, [call("add", a=1, b=1)] * 5)
@@ -213,11 +230,15 @@ async def test_tool_errors_are_results_the_model_sees(
     assert "RuntimeError: disk on fire" in results[3].content
     # Bad arguments and unknown tools never reach an activity; the raising tool ran once.
     assert await scheduled_activities(handle.workflow) == [
-        "relaykit.model_call", "fragile", "relaykit.model_call",
+        "relaykit.model_call",
+        "fragile",
+        "relaykit.model_call",
     ]
     assert invocations == ["fragile"]
     sent_back = model_server.requests(model.name)[1].body["messages"]
-    assert [m["content"].startswith("Error") for m in sent_back if m["role"] == "tool"] == [True] * 4
+    assert [m["content"].startswith("Error") for m in sent_back if m["role"] == "tool"] == [
+        True
+    ] * 4
 
 
 async def test_application_error_in_a_tool_uses_temporal_retries(
@@ -226,7 +247,11 @@ async def test_application_error_in_a_tool_uses_temporal_retries(
     # An infrastructure failure (ApplicationError) is retried by Temporal, not shown to the model.
     attempts: list[int] = []
 
-    @tool(retry=RetryPolicy(initial_interval=__import__("datetime").timedelta(milliseconds=50), maximum_attempts=5))
+    @tool(
+        retry=RetryPolicy(
+            initial_interval=__import__("datetime").timedelta(milliseconds=50), maximum_attempts=5
+        )
+    )
     def flaky() -> str:
         """Succeeds on the third attempt."""
         attempts.append(1)
@@ -303,8 +328,12 @@ async def test_dynamic_instructions_read_the_run_context(
     async with serving(client, agent) as worker:
         await (
             await start_run(
-                client, agent, "hi", task_queue=worker.task_queue,
-                context={"customer": "ACME"}, extra_instructions="Be brief.",
+                client,
+                agent,
+                "hi",
+                task_queue=worker.task_queue,
+                context={"customer": "ACME"},
+                extra_instructions="Be brief.",
             )
         ).result()
     assert model_server.requests(model.name)[0].system == "You serve ACME at turn 1.\n\nBe brief."

@@ -83,19 +83,26 @@ async def test_a_finished_run_reads_well_in_the_temporal_ui(
     support_model = scripted_model(model_server)
     model_server.script(
         billing_model.name,
-        [call("lookup", invoice="INV-7"), call("refund", invoice="INV-7", amount=40), text("Refunded 40.")],
+        [
+            call("lookup", invoice="INV-7"),
+            call("refund", invoice="INV-7", amount=40),
+            text("Refunded 40."),
+        ],
     )
     model_server.script(
-        support_model.name, [call("ask_billing", input="Refund the double charge on INV-7"), text("Done.")]
+        support_model.name,
+        [call("ask_billing", input="Refund the double charge on INV-7"), text("Done.")],
     )
     billing = Agent(name="billing", model=billing_model, tools=[lookup, refund])
     support = Agent(name="support", model=support_model, tools=[billing.as_tool()])
     async with serving(client, support, search_attributes=True, event_groups=True) as worker:
-        handle = await start_run(client, support, "I was charged twice", task_queue=worker.task_queue)
+        handle = await start_run(
+            client, support, "I was charged twice", task_queue=worker.task_queue
+        )
         call_id = await waiting_for_a_person(handle)
-        child = client.get_workflow_handle(next(
-            e.data["workflow_id"] for e in await handle.events() if e.kind == "tool_call"
-        ))
+        child = client.get_workflow_handle(
+            next(e.data["workflow_id"] for e in await handle.events() if e.kind == "tool_call")
+        )
         root_waiting = await current_details(handle.workflow)
         child_waiting = await current_details(child)
         await handle.approve(call_id)
@@ -103,7 +110,10 @@ async def test_a_finished_run_reads_well_in_the_temporal_ui(
         root_done = await current_details(handle.workflow)
 
     assert result.output == "Done."
-    assert "waiting_approval" in root_waiting and f"waiting for approval: `refund` (call `{call_id}`)" in root_waiting
+    assert (
+        "waiting_approval" in root_waiting
+        and f"waiting for approval: `refund` (call `{call_id}`)" in root_waiting
+    )
     assert "**agent:** billing" in child_waiting and "`refund`" in child_waiting
     assert "**status:** completed" in root_done and "waiting for approval" not in root_done
 
@@ -129,11 +139,16 @@ async def test_a_finished_run_reads_well_in_the_temporal_ui(
     # Each turn's commands form one event group (the child's `refund` waited for a person and
     # still belongs to turn 2).
     assert await turn_groups(handle.workflow) == [
-        ("activity", ["turn-1"]), ("child", ["turn-1"]), ("activity", ["turn-2"]),
+        ("activity", ["turn-1"]),
+        ("child", ["turn-1"]),
+        ("activity", ["turn-2"]),
     ]
     assert await turn_groups(child) == [
-        ("activity", ["turn-1"]), ("activity", ["turn-1"]), ("activity", ["turn-2"]),
-        ("activity", ["turn-2"]), ("activity", ["turn-3"]),
+        ("activity", ["turn-1"]),
+        ("activity", ["turn-1"]),
+        ("activity", ["turn-2"]),
+        ("activity", ["turn-2"]),
+        ("activity", ["turn-3"]),
     ]
 
     root_attrs = root_description.typed_search_attributes

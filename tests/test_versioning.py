@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -40,8 +39,12 @@ from tests.test_crash_recovery import (
 def relaykit_cli(rig: CrashRig, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "relaykit.cli", *args],
-        cwd=REPO_ROOT, env={**rig.environment(), **env}, capture_output=True, text=True,
-        timeout=120, stdin=subprocess.DEVNULL,
+        cwd=REPO_ROOT,
+        env={**rig.environment(), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -82,22 +85,28 @@ def test_a_deployment_name_with_a_dot_is_one_clear_error(client: Client) -> None
         deployment_config("app", None)
 
 
-def test_the_worker_command_refuses_a_bad_deployment_in_one_line(rig: CrashRig) -> None:  # noqa: F811
-    done = relaykit_cli(rig, "worker", "tests.crash_agents", "--deployment", "a.b", "--build-id", "1")
+def test_the_worker_command_refuses_a_bad_deployment_in_one_line(rig: CrashRig) -> None:
+    done = relaykit_cli(
+        rig, "worker", "tests.crash_agents", "--deployment", "a.b", "--build-id", "1"
+    )
     assert done.returncode == 1
     assert "contains a '.'" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 async def test_a_run_pinned_to_the_old_build_finishes_there_while_new_runs_start_on_the_new_one(
-    client: Client, rig: CrashRig  # noqa: F811
+    client: Client,
+    rig: CrashRig,
 ) -> None:
     deployment = f"rk-{uuid.uuid4().hex[:8]}"
     server = rig.model_server
     server.script(
         rig.model,
-        [call("refund", id="call_pinned", amount=3), text("new build answered"),
-         text("old build answered")],
+        [
+            call("refund", id="call_pinned", amount=3),
+            text("new build answered"),
+            text("old build answered"),
+        ],
     )
     old = rig.start_worker(RELAYKIT_DEPLOYMENT=deployment, RELAYKIT_BUILD_ID="b1")
     await set_current(rig, deployment, "b1")
@@ -124,14 +133,17 @@ async def test_a_run_pinned_to_the_old_build_finishes_there_while_new_runs_start
     assert by_id[fresh.id]["build_id"] == "b2"
 
     await pinned.approve("call_pinned")
-    assert (await asyncio.wait_for(pinned.result(), START_AND_FINISH)).output == "old build answered"
+    assert (
+        await asyncio.wait_for(pinned.result(), START_AND_FINISH)
+    ).output == "old build answered"
     assert {i.split("@")[0] for i in await started_by(client, pinned.id)} == {str(old.pid)}
     assert {i.split("@")[0] for i in await started_by(client, fresh.id)} == {str(new.pid)}
     assert rig.tool_calls() == {"refund 3": 1}
 
 
 async def test_replay_check_flags_a_breaking_change_before_the_deploy_and_a_wedged_run_is_visible(
-    client: Client, rig: CrashRig  # noqa: F811
+    client: Client,
+    rig: CrashRig,
 ) -> None:
     # v1 serves a run that called `lookup`, paused at a turn boundary. Before the deploy,
     # replay-check passes v2 (safe edits) and flags v3 (the tool renamed). Deployed anyway, v3
@@ -187,9 +199,12 @@ async def test_replay_check_flags_a_breaking_change_before_the_deploy_and_a_wedg
 
 
 def test_replay_check_replays_the_committed_histories_and_says_when_it_cannot_run(
-    temporal_server: DevServer, rig: CrashRig  # noqa: F811
+    temporal_server: DevServer,
+    rig: CrashRig,
 ) -> None:
-    ok = relaykit_cli(rig, "replay-check", "tests.histories.agents", "--histories", "tests/histories")
+    ok = relaykit_cli(
+        rig, "replay-check", "tests.histories.agents", "--histories", "tests/histories"
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.strip().splitlines()[-1].startswith("replayed ")
     assert "failed 0" in ok.stdout

@@ -32,15 +32,23 @@ def cli_env(server: DevServer) -> dict[str, str]:
 async def relaykit(server: DevServer, *args: str, timeout: float = 60) -> tuple[int, str, str]:
     """Run the CLI without blocking the event loop (the worker answering its queries is here)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relaykit.cli", *args, cwd=ROOT, env=cli_env(server),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "relaykit.cli",
+        *args,
+        cwd=ROOT,
+        env=cli_env(server),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0
+) -> None:
     """Poll ``check``: Temporal visibility is eventually consistent, nothing notifies a test."""
     deadline = time.monotonic() + timeout
     while not await check():
@@ -65,7 +73,9 @@ async def test_watch_of_a_finished_run_prints_the_whole_log_with_child_runs_and_
     assert len(lines) == len(items)
     assert "manager" in lines[0] and "started: go" in lines[0]
     assert any("manager/summarizer" in line and "→ note(text=draft)" in line for line in lines)
-    assert any("manager/researcher" in line and "final answer: research done" in line for line in lines)
+    assert any(
+        "manager/researcher" in line and "final answer: research done" in line for line in lines
+    )
     assert "final answer: all done" in lines[-1]
     assert "run completed · agent manager" in err
 
@@ -96,9 +106,16 @@ async def test_watch_follows_a_live_run_stops_on_ctrl_c_and_resumes_from_its_cur
         async with serving(client, agent) as worker:
             handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "relaykit.cli", "watch", handle.id, cwd=ROOT,
-                env=cli_env(temporal_server), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, preexec_fn=_as_in_the_foreground,
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "watch",
+                handle.id,
+                cwd=ROOT,
+                env=cli_env(temporal_server),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                preexec_fn=_as_in_the_foreground,
             )
             assert proc.stdout is not None
             first: list[str] = []
@@ -110,7 +127,10 @@ async def test_watch_follows_a_live_run_stops_on_ctrl_c_and_resumes_from_its_cur
             assert proc.returncode == 130
             first += rest_out.decode().splitlines()
             hint = err.decode().strip().splitlines()[-1]
-            assert hint.startswith(f"stopped watching (the run goes on); resume with: relaykit watch {handle.id} --from ")
+            assert hint.startswith(
+                "stopped watching (the run goes on); "
+                f"resume with: relaykit watch {handle.id} --from "
+            )
             cursor = hint.rsplit(" ", 1)[-1]
             gate.set()
             code, out, err2 = await relaykit(temporal_server, "watch", handle.id, "--from", cursor)
@@ -155,7 +175,9 @@ async def test_runs_lists_runs_with_status_agent_and_tokens_and_filters_them(
                 return (
                     rows.get(done.id, {}).get("status") == "completed"
                     and rows.get(waiting.id, {}).get("status") == "waiting_approval"
-                    and any(r["parent"] == done.id and r["status"] == "completed" for r in rows.values())
+                    and any(
+                        r["parent"] == done.id and r["status"] == "completed" for r in rows.values()
+                    )
                 )
 
             await eventually(listed, "the runs in visibility")
@@ -164,7 +186,13 @@ async def test_runs_lists_runs_with_status_agent_and_tokens_and_filters_them(
             line = next(line for line in out.splitlines() if line.startswith(done.id))
             assert line.split()[1:3] == ["completed", quick.name] and line.split()[-1] == "45"
             code, out, _ = await relaykit(
-                temporal_server, "runs", "--agent", careful.name, "--status", "waiting_approval", "--json"
+                temporal_server,
+                "runs",
+                "--agent",
+                careful.name,
+                "--status",
+                "waiting_approval",
+                "--json",
             )
             assert [r["run_id"] for r in json.loads(out)] == [waiting.id]
             code, out, _ = await relaykit(temporal_server, "runs", "--agent", quick.name, "--json")

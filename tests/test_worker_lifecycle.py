@@ -59,13 +59,31 @@ async def test_worker_with_lifecycle_options_serves_runs_and_stops_cleanly_on_si
     out = tmp_path / "worker.log"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "worker", "tests.crash_agents",
-             "--task-queue", queue, "--tool-threads", "2", "--max-concurrent-activities", "4",
-             "--sticky-timeout", "2", "--graceful-shutdown", "1"],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "worker",
+                "tests.crash_agents",
+                "--task-queue",
+                queue,
+                "--tool-threads",
+                "2",
+                "--max-concurrent-activities",
+                "4",
+                "--sticky-timeout",
+                "2",
+                "--graceful-shutdown",
+                "1",
+            ],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env=environment(
                 TEMPORAL_ADDRESS=temporal_server.address,  # type: ignore[attr-defined]
-                CRASH_MODEL_URL=model_server.base_url, CRASH_MODEL_NAME=model,
+                CRASH_MODEL_URL=model_server.base_url,
+                CRASH_MODEL_NAME=model,
                 CRASH_TOOL_LOG=str(tmp_path / "tools.log"),
             ),
         )
@@ -87,10 +105,29 @@ def test_dev_stops_worker_and_server_cleanly_on_sigterm(tmp_path: Path) -> None:
     out = tmp_path / "dev.log"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relaykit.cli", "dev", "tests.crash_agents",
-             "--port", str(port), "--ui-port", str(ui_port), "--data-dir", str(tmp_path / "data"),
-             "--graceful-shutdown", "2", "--sticky-timeout", "2", "--tool-threads", "2"],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "relaykit.cli",
+                "dev",
+                "tests.crash_agents",
+                "--port",
+                str(port),
+                "--ui-port",
+                str(ui_port),
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--graceful-shutdown",
+                "2",
+                "--sticky-timeout",
+                "2",
+                "--tool-threads",
+                "2",
+            ],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env=environment(RELAYKIT_MODEL="scripted"),
         )
         try:

@@ -24,7 +24,7 @@ are calls whose input was recorded before tools had effects (``effect`` is ``Non
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -73,7 +73,7 @@ class AttemptGuard:
         info = activity.info()
         self.claim_data = {
             "attempt": info.attempt,
-            "started_at": _iso(info.started_time or datetime.now(timezone.utc)),
+            "started_at": _iso(info.started_time or datetime.now(UTC)),
             "state": "started",
         }
         await self._record()
@@ -86,7 +86,7 @@ class AttemptGuard:
         """The error for this attempt when it knows itself that it lost its call (a request sent
         and no answer came back)."""
         assert self.claim_data is not None
-        return unknown_outcome_error(what, self.claim_data, noticed=datetime.now(timezone.utc))
+        return unknown_outcome_error(what, self.claim_data, noticed=datetime.now(UTC))
 
     async def raised(self) -> None:
         """The tool raised: a known failure, which the next attempt may retry."""
@@ -132,8 +132,8 @@ def unknown_outcome_error(
 
 def _iso(moment: datetime) -> str:
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 __all__ = ["AttemptGuard", "unknown_outcome_error"]

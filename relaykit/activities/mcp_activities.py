@@ -191,7 +191,7 @@ class _Session:
         if task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_SECONDS)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+            except (TimeoutError, Exception):  # noqa: BLE001
                 task.cancel()
         self.failed = True
 
@@ -208,8 +208,12 @@ def _transport_for(server: MCPServer) -> Any:
         )
         return mcp.client.stdio.stdio_client(params)
     # The SDK's own defaults: 30 s to connect and write, 5 min to read (a response may stream).
-    http = httpx2.AsyncClient(headers=server.resolved_headers(), timeout=httpx2.Timeout(30, read=300))
-    transport = mcp.client.streamable_http.streamable_http_client(server.url or "", http_client=http)
+    http = httpx2.AsyncClient(
+        headers=server.resolved_headers(), timeout=httpx2.Timeout(30, read=300)
+    )
+    transport = mcp.client.streamable_http.streamable_http_client(
+        server.url or "", http_client=http
+    )
     return _OwnedHTTP(transport, http)
 
 
@@ -270,11 +274,13 @@ class MCPSessions:
             try:
                 server.resolved_headers() if server.transport == "http" else server.resolved_env()
             except LookupError as exc:  # a missing variable will not appear by retrying here
-                raise ApplicationError(str(exc), type=MCP_CONFIGURATION, non_retryable=True) from None
+                raise ApplicationError(
+                    str(exc), type=MCP_CONFIGURATION, non_retryable=True
+                ) from None
             session = _Session(server)
             try:
                 await session.open(timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ApplicationError(
                     f"MCP server {server.name!r} did not start within {timeout:.0f}s",
                     type=MCP_SERVER_UNAVAILABLE,
@@ -328,7 +334,7 @@ class MCPSessions:
                     f"MCP server {server.name!r}: the connection closed during the request",
                     type=MCP_CONNECTION_LOST,
                 ) from None
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not _is_transport_error(exc):
                     raise
                 self.drop(server, session)
@@ -419,7 +425,9 @@ class MCPSessions:
                 type=MCP_CONNECTION_LOST,
             ) from None
         text = render_result(result)
-        return ToolOutcome(content=_truncate(text, server.max_output_chars), is_error=bool(result.is_error))
+        return ToolOutcome(
+            content=_truncate(text, server.max_output_chars), is_error=bool(result.is_error)
+        )
 
     async def _with_heartbeat(self, coro: Any, guard: AttemptGuard | None = None) -> Any:
         """Heartbeat while a call runs when the server sets a heartbeat timeout (repeating the
@@ -476,7 +484,7 @@ class MCPSessions:
         return relaykit_mcp
 
 
-def _session_unknown(exc: Any) -> bool:
+def _session_unknown(exc: mcp.MCPError) -> bool:
     """The streamable HTTP transport's answer to a 404 for a session the server does not know."""
     return exc.error.code == mcp_types.INVALID_REQUEST and exc.error.message == "Session terminated"
 
@@ -498,7 +506,11 @@ def render_result(result: Any) -> str:
         elif kind == "resource":
             resource = block.resource
             text = getattr(resource, "text", None)
-            parts.append(text if text is not None else f"[resource {resource.uri} ({resource.mime_type or 'binary'})]")
+            parts.append(
+                text
+                if text is not None
+                else f"[resource {resource.uri} ({resource.mime_type or 'binary'})]"
+            )
         elif kind == "resource_link":
             parts.append(f"[resource {block.uri}]")
         elif kind in ("image", "audio"):

@@ -32,7 +32,9 @@ def orphan_safe_command(
     if os.sep in program:
         found = os.access(os.path.join(cwd or "", program), os.X_OK)
     else:
-        found = shutil.which(program, path=(env or {}).get("PATH", os.environ.get("PATH"))) is not None
+        found = (
+            shutil.which(program, path=(env or {}).get("PATH", os.environ.get("PATH"))) is not None
+        )
     if not found:
         return list(command)
     return [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), *command]

@@ -24,7 +24,14 @@ from temporalio.exceptions import ApplicationError
 
 from relaykit.activities.attempts import AttemptGuard
 from relaykit.handoff import Handoff, HandoffArgs, HandoffCallbackInput
-from relaykit.tools import MAX_TOOL_ERROR_BYTES, MAX_TOOL_RESULT_BYTES, Tool, ToolInvocation, ToolOutcome, cut_to_bytes
+from relaykit.tools import (
+    MAX_TOOL_ERROR_BYTES,
+    MAX_TOOL_RESULT_BYTES,
+    Tool,
+    ToolInvocation,
+    ToolOutcome,
+    cut_to_bytes,
+)
 
 
 def tool_activity(
@@ -82,7 +89,8 @@ def bounded_application_error(exc: ApplicationError) -> ApplicationError:
     if cause is not None:
         message = cut_to_bytes(
             f"{message} (caused by {type(cause).__name__}: "
-            + error_text("", cause)[:MAX_TOOL_ERROR_BYTES // 8] + ")",
+            + error_text("", cause)[: MAX_TOOL_ERROR_BYTES // 8]
+            + ")",
             MAX_TOOL_ERROR_BYTES,
         )
     if message == exc.message and details is exc.details and cause is None:
@@ -122,7 +130,7 @@ def handoff_activity(
                 )
         except ApplicationError as exc:
             raise bounded_application_error(exc) from None
-        except Exception as exc:  # a bug in the callback will not fix itself on retry
+        except Exception as exc:  # noqa: BLE001 - a bug in the callback will not fix itself on retry
             raise ApplicationError(
                 error_text(f"on_handoff raised {type(exc).__name__}: ", exc), non_retryable=True
             ) from None

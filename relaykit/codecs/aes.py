@@ -2,7 +2,9 @@
 
 Use it with ``RELAYKIT_CODEC=relaykit.codecs.aes:AesGcmCodec`` and a 32-byte key in
 ``RELAYKIT_CODEC_KEY`` (64 hex characters, or base64), set for every worker, command and codec
-server. Generate one with ``python -c "import os,base64;print(base64.b64encode(os.urandom(32)).decode())"``.
+server. Generate one with::
+
+    python -c "import os,base64;print(base64.b64encode(os.urandom(32)).decode())"
 
 Each payload is the encrypted serialized original payload, under a fresh 96-bit nonce, with the
 key id in the payload's metadata (and bound to the ciphertext). The key id lets keys rotate:
@@ -52,7 +54,9 @@ def parse_key(value: str | bytes, *, source: str = KEY_ENV) -> bytes:
             key = None
     if key is None:
         try:
-            key = base64.b64decode(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True)
+            key = base64.b64decode(
+                text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True
+            )
         except (binascii.Error, ValueError):
             key = None
     if key is None or len(key) != 32:

@@ -146,7 +146,9 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
     gate = asyncio.Lock()  # viewers arriving during a listing share it instead of starting theirs
 
     def fresh() -> bool:
-        return cache["listing"] is not None and time.monotonic() - cache["at"] <= LISTING_CACHE_SECONDS
+        return (
+            cache["listing"] is not None and time.monotonic() - cache["at"] <= LISTING_CACHE_SECONDS
+        )
 
     async def listing() -> InboxListing:
         if not fresh():
@@ -154,7 +156,8 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
                 if not fresh():
                     cache["listing"] = await list_pending(client, hidden=recent.current())
                     cache["at"] = time.monotonic()
-        return cache["listing"]
+        cached: InboxListing = cache["listing"]
+        return cached
 
     def forget_listing() -> None:
         cache["listing"] = None
@@ -172,7 +175,9 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         return response
 
     def host_refused(request: Request) -> Response | None:
-        if auth.authorization is not None or is_loopback(_host_name(request.headers.get("host", ""))):
+        if auth.authorization is not None or is_loopback(
+            _host_name(request.headers.get("host", ""))
+        ):
             return None
         return secured(JSONResponse({"error": "this inbox answers loopback hosts only"}, 421))
 
@@ -257,18 +262,34 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         if refused is not None:
             return refused
         form = await request.form()
-        fields = {key: form.get(key) for key in ("csrf", "run_id", "call_id", "decision", "reason", "q")}
+        fields = {
+            key: form.get(key) for key in ("csrf", "run_id", "call_id", "decision", "reason", "q")
+        }
         if not auth.csrf_ok(fields["csrf"] if isinstance(fields["csrf"], str) else None):
-            return secured(HTMLResponse("the form's CSRF token is missing or wrong; reload the page", 403))
+            return secured(
+                HTMLResponse("the form's CSRF token is missing or wrong; reload the page", 403)
+            )
         run_id, call_id, decision = fields["run_id"], fields["call_id"], fields["decision"]
-        if not (isinstance(run_id, str) and isinstance(call_id, str) and decision in ("approve", "reject")):
-            return secured(HTMLResponse("a decision needs run_id, call_id and approve or reject", 400))
-        reason = fields["reason"] if isinstance(fields["reason"], str) and fields["reason"].strip() else None
+        if not (
+            isinstance(run_id, str)
+            and isinstance(call_id, str)
+            and decision in ("approve", "reject")
+        ):
+            return secured(
+                HTMLResponse("a decision needs run_id, call_id and approve or reject", 400)
+            )
+        reason = (
+            fields["reason"]
+            if isinstance(fields["reason"], str) and fields["reason"].strip()
+            else None
+        )
         back: dict[str, str] = {}
         if isinstance(fields["q"], str) and fields["q"]:
             back["q"] = fields["q"]
         try:
-            done = await decide(client, run_id, call_id, approve=decision == "approve", reason=reason)
+            done = await decide(
+                client, run_id, call_id, approve=decision == "approve", reason=reason
+            )
         except DecideError as exc:
             back.update(notice=exc.message, error="1")
         else:
@@ -284,8 +305,19 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         if refused is not None:
             return refused
         current = await listing()
-        fields = {"run_id", "call_id", "agent", "run_path", "tool", "arguments", "reason",
-                  "requested_at", "turn", "owner_run_id", "ui_url"}
+        fields = {
+            "run_id",
+            "call_id",
+            "agent",
+            "run_path",
+            "tool",
+            "arguments",
+            "reason",
+            "requested_at",
+            "turn",
+            "owner_run_id",
+            "ui_url",
+        }
         return secured(JSONResponse([item.model_dump(include=fields) for item in current.items]))
 
     async def api_decide(request: Request) -> Response:
@@ -307,9 +339,11 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
                 f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
                 for error in exc.errors()
             )
-            return secured(JSONResponse(
-                {"error": f"expected {{run_id, call_id, approve, reason?}}: {problems}"}, 400
-            ))
+            return secured(
+                JSONResponse(
+                    {"error": f"expected {{run_id, call_id, approve, reason?}}: {problems}"}, 400
+                )
+            )
         try:
             done = await decide(
                 client, body.run_id, body.call_id, approve=body.approve, reason=body.reason
@@ -344,4 +378,4 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         404: not_found,
         405: not_allowed,
     }
-    return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+    return Starlette(routes=routes, exception_handlers=handlers)

@@ -118,16 +118,17 @@ def render_inbox(
     if query:
         heading += f" ({len(shown)} match “{escape(query)}”)"
     notice_html = (
-        f'<div class="notice{" error" if notice_error else ""}" role="status">{escape(notice)}</div>'
+        f'<div class="notice{" error" if notice_error else ""}" role="status">'
+        f"{escape(notice)}</div>"
         if notice
         else ""
     )
     unreadable = "".join(
-        f"<li>{escape(run.run_id)}: {escape(run.why)}</li>"
-        for run in listing.unreadable
+        f"<li>{escape(run.run_id)}: {escape(run.why)}</li>" for run in listing.unreadable
     )
     unreadable_html = (
-        f'<div class="warn">Runs waiting whose approvals could not be read:<ul>{unreadable}</ul></div>'
+        '<div class="warn">Runs waiting whose approvals could not be read:'
+        f"<ul>{unreadable}</ul></div>"
         if unreadable
         else ""
     )

@@ -166,11 +166,13 @@ async def list_pending(
         queues[execution.id] = execution.task_queue
     listing = InboxListing(runs=len(queues))
     # A query to a run nobody serves would only time out: ask each task queue once instead.
-    served = dict(zip(
-        distinct := sorted(set(queues.values())),
-        await asyncio.gather(*(_served(client, queue) for queue in distinct)),
-        strict=True,
-    ))
+    served = dict(
+        zip(
+            distinct := sorted(set(queues.values())),
+            await asyncio.gather(*(_served(client, queue) for queue in distinct)),
+            strict=True,
+        )
+    )
     run_ids = []
     for run_id, queue in queues.items():
         if served[queue]:
@@ -263,7 +265,7 @@ async def decide(
         )
     try:
         pending = await asyncio.wait_for(run.pending_approvals(), timeout=QUERY_TIMEOUT)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise DecideError("unavailable", f"run {run_id!r} did not answer in time") from None
     waiting = {item.call_id: item for item in pending}
     if call_id not in waiting:

@@ -124,13 +124,22 @@ def error(
     """An HTTP error in the provider's own body shape, unless ``body`` is given (sent verbatim),
     so that the client's real error classification and retry headers get exercised."""
     return Step(
-        kind="error", status=status, body=body, headers=dict(headers or {}),
-        error_type=api_error_type, message=message, delay=delay, hold=hold,
+        kind="error",
+        status=status,
+        body=body,
+        headers=dict(headers or {}),
+        error_type=api_error_type,
+        message=message,
+        delay=delay,
+        hold=hold,
     )
 
 
 def context_overflow(
-    *, limit: int | None = None, tokens: int | None = None, delay: float = 0.0,
+    *,
+    limit: int | None = None,
+    tokens: int | None = None,
+    delay: float = 0.0,
     hold: threading.Event | None = None,
 ) -> Step:
     """The 400 each provider returns when the prompt exceeds the context window, so that
@@ -151,8 +160,12 @@ def raw(
     body that is not JSON, or (with ``content_type="text/event-stream"``) a stream whose events
     are not JSON. Built in a responder, it can echo what the client sent."""
     return Step(
-        kind="raw", status=status, body=body, headers={"content-type": content_type},
-        delay=delay, hold=hold,
+        kind="raw",
+        status=status,
+        body=body,
+        headers={"content-type": content_type},
+        delay=delay,
+        hold=hold,
     )
 
 
@@ -195,7 +208,8 @@ class ScriptedRequest:
         if self.api == "anthropic":
             return _text_of(self.body.get("system"))
         return "\n".join(
-            _text_of(m.get("content")) for m in self.messages
+            _text_of(m.get("content"))
+            for m in self.messages
             if m.get("role") in ("system", "developer")
         )
 
@@ -223,8 +237,11 @@ class ScriptedRequest:
             if self.api == "openai" and m.get("role") == "tool":
                 out.append(_text_of(m.get("content")))
             elif self.api == "anthropic" and isinstance(m.get("content"), list):
-                out += [_text_of(b.get("content")) for b in m["content"]
-                        if isinstance(b, dict) and b.get("type") == "tool_result"]
+                out += [
+                    _text_of(b.get("content"))
+                    for b in m["content"]
+                    if isinstance(b, dict) and b.get("type") == "tool_result"
+                ]
         return out
 
     @property
@@ -242,14 +259,25 @@ class ScriptedRequest:
 
 Responder = Callable[[ScriptedRequest], Step]
 
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-                    429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
 _OPENAI_TYPES: dict[int, tuple[str, str | None]] = {
-    400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
-    403: ("permission_error", None), 404: ("invalid_request_error", "model_not_found"),
-    429: ("requests", "rate_limit_exceeded"), 500: ("server_error", None),
-    503: ("server_error", None)}
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_error", None),
+    404: ("invalid_request_error", "model_not_found"),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", None),
+    503: ("server_error", None),
+}
 
 
 def _error_body(api: Api, step: Step) -> dict[str, Any] | str:
@@ -261,17 +289,26 @@ def _error_body(api: Api, step: Step) -> dict[str, Any] | str:
         if api == "anthropic":
             msg = f"prompt is too long: {tokens} tokens > {limit} maximum"
             return {"type": "error", "error": {"type": "invalid_request_error", "message": msg}}
-        msg = (f"This model's maximum context length is {limit} tokens. However, your messages "
-               f"resulted in {tokens} tokens. Please reduce the length of the messages.")
-        return {"error": {"message": msg, "type": "invalid_request_error", "param": "messages",
-                          "code": "context_length_exceeded"}}
+        msg = (
+            f"This model's maximum context length is {limit} tokens. However, your messages "
+            f"resulted in {tokens} tokens. Please reduce the length of the messages."
+        )
+        return {
+            "error": {
+                "message": msg,
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
     msg = step.message or f"scripted error {step.status}"
     if api == "anthropic":
         etype = step.error_type or _ANTHROPIC_TYPES.get(step.status, "api_error")
         return {"type": "error", "error": {"type": etype, "message": msg}}
     etype, code = _OPENAI_TYPES.get(step.status, ("server_error", None))
-    return {"error": {"message": msg, "type": step.error_type or etype, "param": None,
-                      "code": code}}
+    return {
+        "error": {"message": msg, "type": step.error_type or etype, "param": None, "code": code}
+    }
 
 
 def _pieces(s: str, size: int = _CHUNK) -> Iterator[str]:
@@ -310,8 +347,10 @@ class ScriptedModelServer:
         self._httpd = _HTTPServer(("127.0.0.1", self._port), _Handler)
         self._httpd.owner = self
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-            name="scripted-model-server", daemon=True,
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="scripted-model-server",
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -378,9 +417,7 @@ class ScriptedModelServer:
         with self._cond:
             return len(self._requests) if model is None else self._counts.get(model, 0)
 
-    def wait_for_requests(
-        self, model: str, n: int, timeout: float = 10.0
-    ) -> list[ScriptedRequest]:
+    def wait_for_requests(self, model: str, n: int, timeout: float = 10.0) -> list[ScriptedRequest]:
         """Block until ``n`` requests for ``model`` arrived, so a test can act (kill a worker,
         set a hold event) at a known point of a run."""
         deadline = time.monotonic() + timeout
@@ -396,9 +433,9 @@ class ScriptedModelServer:
 
     # -- serving --------------------------------------------------------------------------------
 
-    def _record_and_pick(self, api: Api, body: dict[str, Any], headers: dict[str, str]) -> tuple[
-        ScriptedRequest, Step
-    ]:
+    def _record_and_pick(
+        self, api: Api, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[ScriptedRequest, Step]:
         model = str(body.get("model", ""))
         with self._cond:
             index = self._counts.get(model, 0)
@@ -552,8 +589,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream_openai(self, req: ScriptedRequest, step: Step, ids: list[str], rid: str) -> None:
         include_usage = bool((req.body.get("stream_options") or {}).get("include_usage"))
-        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": req.model}
+        base = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": req.model,
+        }
 
         def emit(delta: dict[str, Any], finish: str | None = None) -> None:
             chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -565,9 +606,19 @@ class _Handler(BaseHTTPRequestHandler):
         emit({"role": "assistant", "content": ""})
         for piece in _pieces(step.text):
             emit({"content": piece})
-        for i, (tc, cid) in enumerate(zip(step.calls, ids)):
-            emit({"tool_calls": [{"index": i, "id": cid, "type": "function",
-                                  "function": {"name": tc.name, "arguments": ""}}]})
+        for i, (tc, cid) in enumerate(zip(step.calls, ids, strict=True)):
+            emit(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": cid,
+                            "type": "function",
+                            "function": {"name": tc.name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
             for piece in _pieces(tc.arguments_json()):
                 emit({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
         emit({}, _openai_finish(step))
@@ -577,9 +628,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._chunk("data: [DONE]\n\n")
         self._chunk("")
 
-    def _stream_anthropic(
-        self, req: ScriptedRequest, step: Step, ids: list[str], rid: str
-    ) -> None:
+    def _stream_anthropic(self, req: ScriptedRequest, step: Step, ids: list[str], rid: str) -> None:
         def emit(name: str, payload: dict[str, Any]) -> None:
             self._chunk(f"event: {name}\ndata: {json.dumps({'type': name, **payload})}\n\n")
 
@@ -592,21 +641,29 @@ class _Handler(BaseHTTPRequestHandler):
         if step.text:
             emit("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             for piece in _pieces(step.text):
-                emit("content_block_delta",
-                     {"index": 0, "delta": {"type": "text_delta", "text": piece}})
+                emit(
+                    "content_block_delta",
+                    {"index": 0, "delta": {"type": "text_delta", "text": piece}},
+                )
             emit("content_block_stop", {"index": 0})
             index = 1
-        for tc, cid in zip(step.calls, ids):
+        for tc, cid in zip(step.calls, ids, strict=True):
             block = {"type": "tool_use", "id": cid, "name": tc.name, "input": {}}
             emit("content_block_start", {"index": index, "content_block": block})
             for piece in _pieces(tc.arguments_json()):
-                emit("content_block_delta",
-                     {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}})
+                emit(
+                    "content_block_delta",
+                    {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
+                )
             emit("content_block_stop", {"index": index})
             index += 1
-        emit("message_delta", {"delta": {"stop_reason": _anthropic_stop(step),
-                                         "stop_sequence": None},
-                               "usage": {"output_tokens": step.usage[1]}})
+        emit(
+            "message_delta",
+            {
+                "delta": {"stop_reason": _anthropic_stop(step), "stop_sequence": None},
+                "usage": {"output_tokens": step.usage[1]},
+            },
+        )
         emit("message_stop", {})
         self._chunk("")
 
@@ -628,13 +685,21 @@ def _openai_body(req: ScriptedRequest, step: Step, ids: list[str], rid: str) -> 
     message: dict[str, Any] = {"role": "assistant", "content": step.text or None}
     if step.calls:
         message["tool_calls"] = [
-            {"id": cid, "type": "function",
-             "function": {"name": tc.name, "arguments": tc.arguments_json()}}
-            for tc, cid in zip(step.calls, ids)
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": tc.name, "arguments": tc.arguments_json()},
+            }
+            for tc, cid in zip(step.calls, ids, strict=True)
         ]
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
-            "model": req.model, "usage": _openai_usage(step),
-            "choices": [{"index": 0, "message": message, "finish_reason": _openai_finish(step)}]}
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "usage": _openai_usage(step),
+        "choices": [{"index": 0, "message": message, "finish_reason": _openai_finish(step)}],
+    }
 
 
 def _anthropic_input(tc: ToolCall) -> Any:
@@ -648,11 +713,20 @@ def _anthropic_input(tc: ToolCall) -> Any:
 
 def _anthropic_body(req: ScriptedRequest, step: Step, ids: list[str], rid: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": step.text}] if step.text else []
-    content += [{"type": "tool_use", "id": cid, "name": tc.name, "input": _anthropic_input(tc)}
-                for tc, cid in zip(step.calls, ids)]
-    return {"id": rid, "type": "message", "role": "assistant", "model": req.model,
-            "content": content, "stop_reason": _anthropic_stop(step), "stop_sequence": None,
-            "usage": {"input_tokens": step.usage[0], "output_tokens": step.usage[1]}}
+    content += [
+        {"type": "tool_use", "id": cid, "name": tc.name, "input": _anthropic_input(tc)}
+        for tc, cid in zip(step.calls, ids, strict=True)
+    ]
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": _anthropic_stop(step),
+        "stop_sequence": None,
+        "usage": {"input_tokens": step.usage[0], "output_tokens": step.usage[1]},
+    }
 
 
 _CALL_RE = re.compile(r"^\s*call\s+([A-Za-z0-9_.-]+)\s*(\{.*\})?\s*$", re.DOTALL)
