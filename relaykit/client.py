@@ -23,6 +23,7 @@ from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
 from relaykit.messages import Message
 from relaykit.names import slug
 from relaykit.runs import (
+    AGENT_RUN_WORKFLOW,
     ApprovalDecision,
     PendingApproval,
     RunEvent,
@@ -33,7 +34,6 @@ from relaykit.runs import (
 from relaykit.storage import Store, with_external_storage
 from relaykit.streaming import DEFAULT_POLL_INTERVAL, StreamCursor, StreamEvent, stream_run
 from relaykit.tracing import has_tracing_interceptor, temporal_interceptor, tracing_enabled
-from relaykit.runs import AGENT_RUN_WORKFLOW
 
 DEFAULT_TASK_QUEUE = "relaykit"
 
@@ -116,7 +116,8 @@ class RunHandle:
     async def result(self) -> RunResult:
         """Wait for the run's end; raises :class:`RunFailed` (with its ``type``) if it failed."""
         try:
-            return await self.workflow.result()
+            result: RunResult = await self.workflow.result()
+            return result
         except WorkflowFailureError as exc:
             cause = exc.cause
             if isinstance(cause, ApplicationError):
@@ -126,10 +127,14 @@ class RunHandle:
             raise RunFailed(str(cause or exc)) from exc
 
     async def state(self) -> RunSnapshot:
-        return await self.workflow.query("state", result_type=RunSnapshot)
+        snapshot: RunSnapshot = await self.workflow.query("state", result_type=RunSnapshot)
+        return snapshot
 
     async def events(self, offset: int = 0) -> list[RunEvent]:
-        return await self.workflow.query("events", offset, result_type=list[RunEvent])
+        events: list[RunEvent] = await self.workflow.query(
+            "events", offset, result_type=list[RunEvent]
+        )
+        return events
 
     def stream(
         self,
@@ -160,26 +165,32 @@ class RunHandle:
         )
 
     async def pending_approvals(self) -> list[PendingApproval]:
-        return await self.workflow.query("pending_approvals", result_type=list[PendingApproval])
+        pending: list[PendingApproval] = await self.workflow.query(
+            "pending_approvals", result_type=list[PendingApproval]
+        )
+        return pending
 
     async def approve(
         self, call_id: str, approved: bool = True, reason: str | None = None
     ) -> PendingApproval:
         """Answer an approval; raises if the call id is unknown or already answered."""
-        return await self.workflow.execute_update(
+        answered: PendingApproval = await self.workflow.execute_update(
             "approve",
             ApprovalDecision(call_id=call_id, approved=approved, reason=reason),
             result_type=PendingApproval,
         )
+        return answered
 
     async def send_message(self, text: str) -> int:
-        return await self.workflow.execute_update("send_message", text, result_type=int)
+        place: int = await self.workflow.execute_update("send_message", text, result_type=int)
+        return place
 
     async def steer(self, text: str) -> bool:
         """Like :meth:`send_message`, but a model call in flight is cancelled (its answer is
         never used) and the next one, with ``text``, starts at once; returns whether a call
         was cancelled."""
-        return await self.workflow.execute_update("steer", text, result_type=bool)
+        cancelled: bool = await self.workflow.execute_update("steer", text, result_type=bool)
+        return cancelled
 
     async def pause(self) -> None:
         await self.workflow.signal("pause")

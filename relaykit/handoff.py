@@ -142,9 +142,7 @@ def for_context_rewrite(data: HandoffInputData) -> list[Message]:
             rewritten.append(message)
         elif message.role == "assistant":
             if message.content:
-                rewritten.append(
-                    Message.user(f"For context: [{speaker}] said: {message.content}")
-                )
+                rewritten.append(Message.user(f"For context: [{speaker}] said: {message.content}"))
             for call in message.tool_calls:
                 rewritten.append(
                     Message.user(

@@ -183,6 +183,8 @@ class RunSetup(BaseModel):
     """Tool calls carry their effect, so a ``"write"`` lost in flight is reported or asked about
     instead of run again (``relaykit.workflows.tool_outcome``); ``False`` for runs started
     before, which keep running in-flight calls again, also across continue-as-new."""
+
+
 class RepeatedCall(BaseModel):
     """One distinct tool call (name and canonical arguments) the loop guard has seen."""
 

@@ -51,8 +51,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.errors import RelaykitError
-from relaykit.runs import RunEvent, RunSnapshot
-from relaykit.runs import MODEL_ACTIVITY
+from relaykit.runs import MODEL_ACTIVITY, RunEvent, RunSnapshot
 
 DELTA = "delta"
 """``StreamEvent.kind`` of a piece of model text (every other kind is a :class:`RunEvent` kind)."""
@@ -179,7 +178,6 @@ class StreamEvent(BaseModel):
     @property
     def is_delta(self) -> bool:
         return self.kind == DELTA
-
 
 
 ChildKind = Literal["tool", "task"]
@@ -312,7 +310,9 @@ class RunStream:
                     kind=r.kind,
                     depth=r.depth,
                     done=r.done,
-                    delta=(r.delta.activity_id, r.delta.attempt, r.delta.chars) if r.delta else None,
+                    delta=(r.delta.activity_id, r.delta.attempt, r.delta.chars)
+                    if r.delta
+                    else None,
                 )
                 for r in self.runs.values()
                 # A finished child is not needed to resume: its parent's later events no
@@ -389,9 +389,10 @@ class RunStream:
 
     async def _events(self, run: _Run) -> list[RunEvent]:
         try:
-            return await run.handle.query(
+            events: list[RunEvent] = await run.handle.query(
                 "events", run.seq, result_type=list[RunEvent], rpc_timeout=QUERY_TIMEOUT
             )
+            return events
         except RPCError as exc:
             raise RelaykitError(
                 f"cannot read the events of run {run.id!r}: {exc.message}",
@@ -443,7 +444,10 @@ class RunStream:
         kind: ChildKind
         if event.kind == "tool_result":
             key, kind = event.data.get("call_id"), "tool"
-        elif event.kind == "subagent_finished" and event.data.get("status") in ("finished", "failed"):
+        elif event.kind == "subagent_finished" and event.data.get("status") in (
+            "finished",
+            "failed",
+        ):
             key, kind = event.data.get("id"), "task"
         else:
             return None
@@ -489,7 +493,13 @@ class RunStream:
             data["reset"] = True
         agent = run.run_path[-1] if run.run_path else run.agent
         return self._item(
-            run, kind=DELTA, seq=run.seq, agent=agent, turn=run.turn, run_path=run.run_path, data=data
+            run,
+            kind=DELTA,
+            seq=run.seq,
+            agent=agent,
+            turn=run.turn,
+            run_path=run.run_path,
+            data=data,
         )
 
     def _close_delta(self, run: _Run, message: str) -> StreamEvent | None:
@@ -554,7 +564,9 @@ class RunStream:
             return
         run.turn = snapshot.turn
         if not run.run_path or run.run_path[-1] != snapshot.agent:
-            run.run_path = [*run.run_path[:-1], snapshot.agent] if run.run_path else [snapshot.agent]
+            run.run_path = (
+                [*run.run_path[:-1], snapshot.agent] if run.run_path else [snapshot.agent]
+            )
         run.agent = snapshot.agent
 
 

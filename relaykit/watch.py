@@ -28,10 +28,10 @@ from rich.text import Text
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
 from relaykit.client import RunHandle
+from relaykit.runs import AGENT_RUN_WORKFLOW
 from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
-from relaykit.runs import AGENT_RUN_WORKFLOW
 from relaykit.versioning import run_build
 
 MAX_LOG_LINES = 8
@@ -66,7 +66,8 @@ def describe(item: StreamEvent) -> str:
         lost = f"attempt {data.get('attempt')} lost" if data.get("attempt") else "an attempt lost"
         started = f", started {data.get('started_at')}" if data.get("started_at") else ""
         then = "a person decides" if data.get("on_unknown") == "ask" else "not run again"
-        return f"? {data.get('name')}: outcome unknown ({lost}{started}); {then} [call {data.get('call_id')}]"
+        call = data.get("call_id")
+        return f"? {data.get('name')}: outcome unknown ({lost}{started}); {then} [call {call}]"
     if kind == "approval_requested":
         call = summarize_call(str(data.get("tool")), str(data.get("arguments", "")), 80)
         why = f" ({_short(data['reason'], 100)})" if data.get("reason") else ""
@@ -78,7 +79,9 @@ def describe(item: StreamEvent) -> str:
     if kind == "message_injected":
         return f"user: {_short(data.get('text', ''))}"
     if kind == "steered":
-        abandoned = " (the model call in flight was abandoned)" if data.get("cancelled_call") else ""
+        abandoned = (
+            " (the model call in flight was abandoned)" if data.get("cancelled_call") else ""
+        )
         return f"steered: {_short(data.get('text', ''))}{abandoned}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"
@@ -95,7 +98,8 @@ def describe(item: StreamEvent) -> str:
 
 def log_line(item: StreamEvent) -> str:
     path = "/".join(item.run_path)
-    return f"{item.seq:>5} t{item.turn:<3} {'  ' * item.depth}{path:<28} {item.kind:<18} {describe(item)}"
+    indent = "  " * item.depth
+    return f"{item.seq:>5} t{item.turn:<3} {indent}{path:<28} {item.kind:<18} {describe(item)}"
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -147,7 +151,9 @@ class WatchState:
         self.cursor = item.cursor or self.cursor
         path = "/".join(item.run_path)
         if item.is_delta:
-            previous = "" if item.data.get("reset") else self.streaming.get(item.workflow_id, ("", ""))[1]
+            previous = (
+                "" if item.data.get("reset") else self.streaming.get(item.workflow_id, ("", ""))[1]
+            )
             self.streaming[item.workflow_id] = (path, previous + str(item.data.get("text", "")))
             return
         data = item.data
@@ -190,7 +196,9 @@ class WatchState:
                 if row.call_id == data.get("call_id") and row.status == "approval":
                     row.status = "running"
         elif kind == "subagent_started":
-            self.tasks[f"{item.workflow_id}:{data.get('id')}"] = Task(str(data.get("id")), str(data.get("agent")))
+            self.tasks[f"{item.workflow_id}:{data.get('id')}"] = Task(
+                str(data.get("id")), str(data.get("agent"))
+            )
         elif kind == "subagent_finished":
             task = self.tasks.get(f"{item.workflow_id}:{data.get('id')}")
             if task is not None:
@@ -209,38 +217,63 @@ class WatchState:
         elapsed = _seconds(self.started, None)
         tokens = "?" if self.tokens is None else f"{self.tokens:,}"
         header = Text.assemble(
-            ("run ", "dim"), (self.run_id, "bold"),
-            ("  ·  ", "dim"), (self.status, "green" if self.status == "completed" else "yellow"),
-            ("  ·  agent ", "dim"), (self.agent or "?", "bold cyan"),
-            ("  ·  turn ", "dim"), (str(self.turn), "bold"),
-            ("  ·  tokens ", "dim"), (tokens, "bold"),
-            ("  ·  ", "dim"), (f"{elapsed:.0f}s" if elapsed is not None else "", ""),
+            ("run ", "dim"),
+            (self.run_id, "bold"),
+            ("  ·  ", "dim"),
+            (self.status, "green" if self.status == "completed" else "yellow"),
+            ("  ·  agent ", "dim"),
+            (self.agent or "?", "bold cyan"),
+            ("  ·  turn ", "dim"),
+            (str(self.turn), "bold"),
+            ("  ·  tokens ", "dim"),
+            (tokens, "bold"),
+            ("  ·  ", "dim"),
+            (f"{elapsed:.0f}s" if elapsed is not None else "", ""),
         )
         parts: list[RenderableType] = [header]
         if self.tools:
-            table = Table(box=None, show_header=True, header_style="dim", pad_edge=False, expand=False)
+            table = Table(
+                box=None, show_header=True, header_style="dim", pad_edge=False, expand=False
+            )
             table.add_column("tool call")
             table.add_column("run")
             table.add_column("time", justify="right")
             table.add_column("")
             for row in list(self.tools.values())[-MAX_TOOL_ROWS:]:
                 seconds = _seconds(row.started, row.ended)
-                mark = {"ok": "[green]✓[/green]", "error": "[red]✗[/red]",
-                        "approval": "[yellow]waiting for approval[/yellow]",
-                        "unknown": "[red]? outcome unknown[/red]"}.get(row.status, "[yellow]…[/yellow]")
-                table.add_row(escape(row.summary), escape(row.path),
-                              "" if seconds is None else f"{seconds:.2f}s", mark)
+                mark = {
+                    "ok": "[green]✓[/green]",
+                    "error": "[red]✗[/red]",
+                    "approval": "[yellow]waiting for approval[/yellow]",
+                    "unknown": "[red]? outcome unknown[/red]",
+                }.get(row.status, "[yellow]…[/yellow]")
+                table.add_row(
+                    escape(row.summary),
+                    escape(row.path),
+                    "" if seconds is None else f"{seconds:.2f}s",
+                    mark,
+                )
             parts.append(table)
         if self.approvals:
-            lines = [f"{escape(call_id)}  {escape(what)}" for call_id, what in self.approvals.items()]
+            lines = [
+                f"{escape(call_id)}  {escape(what)}" for call_id, what in self.approvals.items()
+            ]
             hint = f"\n[dim]relaykit approve {escape(self.run_id)} CALL_ID [--reject][/dim]"
-            parts.append(Panel("\n".join(lines) + hint, title="pending approvals", border_style="yellow"))
+            parts.append(
+                Panel("\n".join(lines) + hint, title="pending approvals", border_style="yellow")
+            )
         if self.tasks:
-            parts.append(Text("background: " + ", ".join(
-                f"{t.id} ({t.agent}) {t.status}" for t in self.tasks.values()
-            ), style="magenta"))
+            parts.append(
+                Text(
+                    "background: "
+                    + ", ".join(f"{t.id} ({t.agent}) {t.status}" for t in self.tasks.values()),
+                    style="magenta",
+                )
+            )
         for path, written in self.streaming.values():
-            shown = written if len(written) <= MAX_STREAM_CHARS else "…" + written[-MAX_STREAM_CHARS:]
+            shown = (
+                written if len(written) <= MAX_STREAM_CHARS else "…" + written[-MAX_STREAM_CHARS:]
+            )
             parts.append(Panel(Text(shown), title=f"{path} is writing", border_style="cyan"))
         if self.log:
             parts.append(Text("\n".join(self.log), style="dim"))
@@ -413,12 +446,24 @@ def age(started: datetime | None, now: datetime | None = None) -> str:
 
 def runs_table(rows: list[RunRow]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column, justify in (("RUN", "left"), ("STATUS", "left"), ("AGENT", "left"),
-                            ("AGE", "right"), ("TOKENS", "right"), ("BUILD", "left")):
+    for column, justify in (
+        ("RUN", "left"),
+        ("STATUS", "left"),
+        ("AGENT", "left"),
+        ("AGE", "right"),
+        ("TOKENS", "right"),
+        ("BUILD", "left"),
+    ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         name = row.id if row.parent is None else f"  {row.id}"
         status = row.status if row.stuck is None else f"{row.status} (stuck)"
-        table.add_row(escape(name), status, escape(row.agent), age(row.started),
-                      "" if row.tokens is None else f"{row.tokens:,}", escape(row.build or ""))
+        table.add_row(
+            escape(name),
+            status,
+            escape(row.agent),
+            age(row.started),
+            "" if row.tokens is None else f"{row.tokens:,}",
+            escape(row.build or ""),
+        )
     return table

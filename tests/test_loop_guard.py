@@ -71,8 +71,9 @@ async def test_a_call_repeated_40_times_runs_the_tool_3_times_and_the_run_ends(
     assert len(results) == 40
     assert [r.content for r in results[:3]] == ["order A-1: shipped"] * 3
     refused = results[3:]
-    assert all(r.content.startswith("order A-1: shipped\n\n(The same result as before")
-               for r in refused)
+    assert all(
+        r.content.startswith("order A-1: shipped\n\n(The same result as before") for r in refused
+    )
     assert all("not run again" in r.content for r in refused)
 
 
@@ -161,7 +162,8 @@ async def test_a_repeated_cancel_subagent_is_not_run_again_and_cancels_the_task_
     assert second.startswith("Task task-1 cancelled.\n\n(The same result as before")
     assert "already cancelled" not in second
     cancels = [
-        e for e in events
+        e
+        for e in events
         if e.event_type == EventType.EVENT_TYPE_REQUEST_CANCEL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
     ]
     assert len(cancels) == 1
@@ -217,7 +219,9 @@ async def test_arguments_that_differ_only_in_key_order_or_spacing_count_as_the_s
         ],
     )
     agent = Agent(
-        name="canonical", model=model, tools=[counting_tool("order_status", runs)],
+        name="canonical",
+        model=model,
+        tools=[counting_tool("order_status", runs)],
         max_repeated_calls=1,
     )
     async with serving(client, agent) as worker:
@@ -237,18 +241,28 @@ async def test_a_user_message_restarts_the_count(
     model = scripted_model(model_server)
     model_server.script(
         model.name,
-        [call("order_status", order_id="A-1"), text("first"), call("order_status", order_id="A-1"),
-         text("second")],
+        [
+            call("order_status", order_id="A-1"),
+            text("first"),
+            call("order_status", order_id="A-1"),
+            text("second"),
+        ],
     )
     agent = Agent(
-        name="restart", model=model, tools=[counting_tool("order_status", runs)],
+        name="restart",
+        model=model,
+        tools=[counting_tool("order_status", runs)],
         max_repeated_calls=1,
     )
     async with serving(client, agent) as worker:
-        first = await (await start_run(client, agent, "A-1?", task_queue=worker.task_queue)).result()
+        first = await (
+            await start_run(client, agent, "A-1?", task_queue=worker.task_queue)
+        ).result()
         second = await (
             await start_run(
-                client, agent, [*first.transcript, Message.user("And now?")],
+                client,
+                agent,
+                [*first.transcript, Message.user("And now?")],
                 task_queue=worker.task_queue,
             )
         ).result()
@@ -264,12 +278,18 @@ async def test_the_count_survives_continue_as_new(
     model = scripted_model(model_server)
     model_server.script(model.name, [call("order_status", order_id="A-1")] * 8 + [text("done")])
     agent = Agent(
-        name="guard_can", model=model, tools=[counting_tool("order_status", runs)],
+        name="guard_can",
+        model=model,
+        tools=[counting_tool("order_status", runs)],
         max_repeated_calls=2,
     )
     async with serving(client, agent) as worker:
         handle = await start_run(
-            client, agent, "A-1?", task_queue=worker.task_queue, max_turns=12,
+            client,
+            agent,
+            "A-1?",
+            task_queue=worker.task_queue,
+            max_turns=12,
             continue_as_new_after_turns=2,
         )
         result = await handle.result()
@@ -288,7 +308,9 @@ async def test_max_repeated_calls_none_runs_every_call(
     model = scripted_model(model_server)
     model_server.script(model.name, [call("order_status", order_id="A-1")] * 5 + [text("done")])
     agent = Agent(
-        name="unguarded", model=model, tools=[counting_tool("order_status", runs)],
+        name="unguarded",
+        model=model,
+        tools=[counting_tool("order_status", runs)],
         max_repeated_calls=None,
     )
     async with serving(client, agent) as worker:
@@ -331,8 +353,10 @@ async def test_guarded_runs_replay_and_runs_from_before_the_guard_replay_under_i
     model = scripted_model(model_server)
     model_server.script(
         model.name,
-        [call("order_status", order_id="A-1")] * 5 + [text("guarded")]
-        + [call("order_status", order_id="A-1")] * 5 + [text("unguarded")],
+        [call("order_status", order_id="A-1")] * 5
+        + [text("guarded")]
+        + [call("order_status", order_id="A-1")] * 5
+        + [text("unguarded")],
     )
     tool_ = counting_tool("order_status", runs)
     guarded = Agent(name="replay_guard", model=model, tools=[tool_], max_repeated_calls=2)

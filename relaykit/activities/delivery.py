@@ -15,8 +15,11 @@ __all__ = ["DELIVER_ACTIVITY", "DeliveryRequest", "deliver_report"]
 async def deliver_report(request: DeliveryRequest) -> None:
     """POST the report as JSON; 4xx answers are final, the rest are retried by Temporal."""
     async with httpx.AsyncClient(timeout=20.0) as http:
-        response = await http.post(request.url, content=request.report.model_dump_json(),
-                                   headers={"content-type": "application/json"})
+        response = await http.post(
+            request.url,
+            content=request.report.model_dump_json(),
+            headers={"content-type": "application/json"},
+        )
     if 400 <= response.status_code < 500:
         raise ApplicationError(
             f"report delivery to {request.url} refused: HTTP {response.status_code}",

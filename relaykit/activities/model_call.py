@@ -18,9 +18,9 @@ from temporalio.exceptions import ApplicationError
 from relaykit.messages import ModelResponse
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
-from relaykit.streaming import DeltaPublisher
-from relaykit.storage import scope_for
 from relaykit.runs import MODEL_ACTIVITY
+from relaykit.storage import scope_for
+from relaykit.streaming import DeltaPublisher
 from relaykit.transcripts import (
     REQUEST_PART_MISSING,
     TRANSCRIPT_MISSING,
@@ -61,7 +61,9 @@ class ModelActivities:
                 type=TRANSCRIPT_MISSING,
                 non_retryable=True,
             )
-        return request.model_copy(update={"messages": [*prefix, *request.messages], "base_ref": None})
+        return request.model_copy(
+            update={"messages": [*prefix, *request.messages], "base_ref": None}
+        )
 
     async def _with_static_part(self, request: ModelRequest, scope: str) -> ModelRequest:
         if request.static_ref is None:
@@ -73,8 +75,12 @@ class ModelActivities:
                 return request.model_copy(update={"static_ref": None, "store_static": False})
             self._remember_statics(
                 request.static_ref,
-                {"system": request.system, "tools": request.tools,
-                 "output": request.output, "settings": request.settings},
+                {
+                    "system": request.system,
+                    "tools": request.tools,
+                    "output": request.output,
+                    "settings": request.settings,
+                },
             )
             return request
         statics = self._statics.get(request.static_ref)
@@ -90,8 +96,10 @@ class ModelActivities:
                 ) from None
             parsed = ModelRequest.model_validate({"model": request.model, **part})
             statics = {
-                "system": parsed.system, "tools": parsed.tools,
-                "output": parsed.output, "settings": parsed.settings,
+                "system": parsed.system,
+                "tools": parsed.tools,
+                "output": parsed.output,
+                "settings": parsed.settings,
             }
             self._remember_statics(request.static_ref, statics)
         return request.model_copy(update=statics)

@@ -68,7 +68,10 @@ class ContextTransport:
         if digest in state.static_refs:
             return request.model_copy(
                 update={
-                    "system": "", "tools": [], "output": None, "settings": ModelSettings(),
+                    "system": "",
+                    "tools": [],
+                    "output": None,
+                    "settings": ModelSettings(),
                     "static_ref": digest,
                 }
             )

@@ -141,7 +141,9 @@ SCENARIOS = [
     Scenario("handoff", "replay-handoff", triage, "I was charged twice for invoice INV-7."),
     Scenario("approval", "replay-approval", refunder, "Refund 30 EUR on order A1, and 5 on B2."),
     Scenario("boundaries", "replay-boundaries", refunder, "Refund A1 and B2, then C3."),
-    Scenario("guard_kinds", "replay-guard-kinds", guarded, "Cancel task-9 twice, add 1 and 1 twice."),
+    Scenario(
+        "guard_kinds", "replay-guard-kinds", guarded, "Cancel task-9 twice, add 1 and 1 twice."
+    ),
     Scenario("before_lovia", "replay-before-lovia", lovia_triage, "I was charged twice."),
 ]
 

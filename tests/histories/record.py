@@ -114,8 +114,11 @@ async def record(scenario: Scenario, client: Client, base_url: str) -> str:
     )
     async with worker:
         handle = await start_run(
-            client, scenario.agent, scenario.prompt,
-            task_queue=scenario.task_queue, id=scenario.workflow_id,
+            client,
+            scenario.agent,
+            scenario.prompt,
+            task_queue=scenario.task_queue,
+            id=scenario.workflow_id,
         )
         if scenario.name == "boundaries":  # one approval at a time, in request order
             await _wait_for_approvals(handle, 1)
