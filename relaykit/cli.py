@@ -1193,6 +1193,25 @@ async def deployment_status(
         print(f"  {build.build_id}  {build.status}  open runs: {build.open_runs}")
 
 
+def listening_socket(host: str, port: int) -> tuple[Any, str]:
+    """A socket already listening on ``host:port`` (0: any free port) and its URL, so that whoever
+    waits for the URL a server prints can connect at once; a taken port is one clear line."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RelaykitError(
+            f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port"
+        ) from None
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    return sock, f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+
+
 @app.command("codec-server")
 @command
 async def codec_server(
@@ -1211,7 +1230,6 @@ async def codec_server(
     """Serve the codec RELAYKIT_CODEC names over Temporal's remote codec protocol, so the
     Temporal UI and `temporal --codec-endpoint` show decoded payloads. Set
     RELAYKIT_CODEC_AUTH to require that exact Authorization header."""
-    import socket
     from urllib.parse import urlsplit
 
     from relaykit.codec import (
@@ -1238,18 +1256,7 @@ async def codec_server(
         parts = urlsplit(ui_base())
         origins.append(f"{parts.scheme}://{parts.netloc}")
     app_ = codec_app(codec, origins=origins, authorization=os.environ.get(CODEC_AUTH_ENV) or None)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise RelaykitError(
-            f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port"
-        ) from None
-    sock.listen(128)  # before the line below, so whoever waits for it can connect at once
-    bound = sock.getsockname()[1]
-    url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+    sock, url = listening_socket(host, port)
     auth = " (Authorization required)" if os.environ.get(CODEC_AUTH_ENV) else ""
     err_console.print(f"codec server on {url}{auth} for {type(codec).__name__}", highlight=False)
     err_console.print(

@@ -87,8 +87,6 @@ def register(app: typer.Typer) -> None:
 
 
 async def serve_inbox(*, host: str, port: int, address: str | None, namespace: str | None) -> None:
-    import socket
-
     from temporalio.service import RPCError
 
     from relaykit import cli
@@ -119,18 +117,7 @@ async def serve_inbox(*, host: str, port: int, address: str | None, namespace: s
             hint="relaykit's search attributes must be registered on the namespace "
             "(see the README's Production section)",
         ) from None
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise RelaykitError(
-            f"cannot listen on {host}:{port}: {exc.strerror}", hint="pass --port"
-        ) from None
-    sock.listen(128)  # before the lines below, so whoever waits for them can connect at once
-    bound = sock.getsockname()[1]
-    url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+    sock, url = cli.listening_socket(host, port)
     auth = InboxAuth(authorization)
     guarded = f" ({INBOX_AUTH_ENV} required)" if authorization else ""
     cli.err_console.print(
