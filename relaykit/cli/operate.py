@@ -1,0 +1,128 @@
+"""Commands for operating runs from outside: ``relaykit inbox`` (every waiting approval of a
+namespace on one page), ``relaykit steer`` (correct a run while its model is thinking) and
+``relaykit fork`` (a new run from a turn of an existing one)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+
+from relaykit.cli.common import (
+    AddressOpt,
+    JsonOpt,
+    NamespaceOpt,
+    RunIdArg,
+    _client,
+    _print_result,
+    _served_handle,
+    _text_arg,
+    _wait_for_result,
+    command,
+    err_console,
+    listening_socket,
+)
+from relaykit.client import DEFAULT_TASK_QUEUE
+
+INBOX_AUTH_ENV = "RELAYKIT_INBOX_AUTH"
+
+
+@command
+async def inbox(
+    host: Annotated[
+        str,
+        typer.Option(help=f"Interface to listen on (loopback unless {INBOX_AUTH_ENV} is set)"),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 8765,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Serve every approval the namespace waits for, on a page and a JSON API. Set
+    RELAYKIT_INBOX_AUTH="Bearer <token>" to require that token (needed off loopback)."""
+    await serve_inbox(host=host, port=port, address=address, namespace=namespace)
+
+
+@command
+async def steer(
+    run_id: RunIdArg,
+    text: Annotated[str, typer.Argument(help="Message for the model, now")],
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Correct a run now: a model call in flight is cancelled (its answer never used) and
+    the next one starts at once with this message; otherwise the same as `send`."""
+    _text_arg(text, "message")
+    handle, _ = await _served_handle(run_id, address, namespace, "be steered")
+    if await handle.steer(text):
+        print("steered: the model call in flight was cancelled; the next one has your message")
+    else:
+        print("queued: no model call in flight, the next one has your message")
+
+
+@command
+async def fork(
+    run_id: RunIdArg,
+    at_turn: Annotated[int, typer.Option("--at-turn", help="Keep turns 1..N of the run")],
+    new_id: Annotated[str | None, typer.Option("--id", help="Workflow id of the new run")] = None,
+    text: Annotated[str | None, typer.Option("--input", help="A user message after turn N")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the new run's answer")] = False,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Start a new run from turn N of RUN_ID (running or closed): its first N turns are
+    kept, none of their tools runs again, and the original is untouched."""
+    from relaykit.fork import fork_run
+
+    _text_arg(text, "input")
+    client = await _client(address, namespace)
+    handle = await fork_run(client, run_id, at_turn, input=text, id=new_id)
+    print(handle.id, flush=True)
+    if not wait:
+        return
+    description = await handle.workflow.describe()
+    result = await _wait_for_result(handle, description.task_queue or DEFAULT_TASK_QUEUE)
+    _print_result(result, as_json)
+
+
+async def serve_inbox(*, host: str, port: int, address: str | None, namespace: str | None) -> None:
+    from temporalio.service import RPCError
+
+    from relaykit.errors import RelaykitError
+    from relaykit.inbox.app import InboxAuth, inbox_app, is_loopback
+    from relaykit.inbox.pending import waiting_runs_query
+
+    authorization = os.environ.get(INBOX_AUTH_ENV) or None
+    if authorization is None and not is_loopback(host):
+        raise RelaykitError(
+            f"refusing to serve the inbox on {host} without {INBOX_AUTH_ENV}: anyone who "
+            "reaches it could approve tool calls",
+            hint=f'set {INBOX_AUTH_ENV}="Bearer <token>", or listen on 127.0.0.1',
+        )
+    try:
+        import uvicorn
+    except ImportError:
+        raise RelaykitError(
+            "the inbox needs uvicorn and starlette", hint="pip install 'relaykit[codec]'"
+        ) from None
+    client = await _client(address, namespace)
+    try:  # an unregistered search attribute fails here, once, instead of on every refresh
+        async for _ in client.list_workflows(waiting_runs_query(), limit=1):
+            break
+    except RPCError as exc:
+        raise RelaykitError(
+            f"Temporal: {exc.message}",
+            hint="relaykit's search attributes must be registered on the namespace "
+            "(see the README's Production section)",
+        ) from None
+    sock, url = listening_socket(host, port)
+    auth = InboxAuth(authorization)
+    guarded = f" ({INBOX_AUTH_ENV} required)" if authorization else ""
+    err_console.print(f"inbox on {url}{guarded} for namespace {client.namespace}", highlight=False)
+    link = auth.sign_in_link(url)
+    if link:
+        err_console.print(f"sign in: {link}", highlight=False, soft_wrap=True)
+    app: Any = inbox_app(client, authorization=authorization)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    await server.serve(sockets=[sock])

@@ -1,0 +1,522 @@
+"""Commands on runs: start one, read its result, approve, message, pause, stop, follow and
+list runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowQueryFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from relaykit.cli.common import (
+    AddressOpt,
+    JsonOpt,
+    NamespaceOpt,
+    RunIdArg,
+    TaskQueueOpt,
+    _client,
+    _described,
+    _handle,
+    _is_open,
+    _open_handle,
+    _print_answer,
+    _print_result,
+    _queried_handle,
+    _replay_refused,
+    _served,
+    _served_handle,
+    _status_word,
+    _text_arg,
+    _wait_for_result,
+    command,
+    console,
+    err_console,
+    ui_url,
+)
+from relaykit.client import (
+    DEFAULT_TASK_QUEUE,
+    RunHandle,
+    get_run,
+    start_run,
+)
+from relaykit.errors import RelaykitError
+
+
+class IfExists(StrEnum):
+    """What ``run --id R`` does when a run with id R exists."""
+
+    attach = "attach"
+    fail = "fail"
+    restart = "restart"
+
+
+async def _start_or_attach(
+    client: Client,
+    agent: str,
+    prompt: str,
+    *,
+    task_queue: str,
+    run_id: str | None,
+    max_turns: int,
+    if_exists: IfExists,
+) -> tuple[RunHandle, WorkflowExecutionDescription | None]:
+    """Start the run, or (re-issuing an existing id) attach to it, fail, or restart it, with
+    Temporal's id reuse and conflict policies deciding atomically on the server. Returns the
+    description of the run attached to, ``None`` when a new run started."""
+    if run_id is not None:
+        try:
+            existing: WorkflowExecutionDescription | None = await get_run(
+                client, run_id
+            ).workflow.describe()
+        except RPCError:
+            existing = None
+        policies: dict[str, Any]  # start_run passes them on to Temporal's start_workflow
+        if if_exists is IfExists.restart:
+            policies = {
+                "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                "id_conflict_policy": WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            }
+        else:
+            policies = {
+                "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING
+                if if_exists is IfExists.attach
+                else WorkflowIDConflictPolicy.FAIL,
+            }
+    else:
+        existing, policies = None, {}
+    try:
+        handle = await start_run(
+            client,
+            agent,
+            prompt,
+            task_queue=task_queue,
+            id=run_id,
+            max_turns=max_turns,
+            **policies,
+        )
+    except WorkflowAlreadyStartedError:
+        assert run_id is not None
+        existing = await get_run(client, run_id).workflow.describe()
+        if if_exists is IfExists.fail:
+            raise RelaykitError(
+                f"a run with id {run_id!r} already exists ({_status_word(existing)})",
+                hint="--if-exists attach returns it, --if-exists restart starts it anew",
+            ) from None
+        return get_run(client, run_id), existing
+    if if_exists is IfExists.attach and existing is not None and _is_open(existing):
+        return handle, existing
+    return handle, None
+
+
+@command
+async def run(
+    agent: Annotated[str, typer.Argument(help="Name of the agent that starts the run")],
+    prompt: Annotated[str, typer.Argument(help="The task")],
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="Wait for the result")] = False,
+    as_json: JsonOpt = False,
+    task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
+    run_id: Annotated[str | None, typer.Option("--id", help="Workflow id for the run")] = None,
+    if_exists: Annotated[
+        IfExists,
+        typer.Option(
+            "--if-exists",
+            help="When a run with --id exists: attach (running: follow it; closed: print its "
+            "result), fail, or restart (terminate a running one, then start anew)",
+        ),
+    ] = IfExists.attach,
+    max_turns: Annotated[int, typer.Option(help="Stop after this many model turns")] = 50,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Start a run; print its id (and, with --wait, then its result)."""
+    if max_turns < 1:
+        raise RelaykitError(
+            f"--max-turns must be at least 1, not {max_turns}", hint="a run needs one model turn"
+        )
+    _text_arg(prompt, "prompt")
+    _text_arg(agent, "agent name")
+    if not agent.strip():
+        raise RelaykitError(
+            "the agent name is empty", hint="give the name of an agent a worker serves"
+        )
+    _text_arg(run_id, "run id")
+    client = await _client(address, namespace)
+    handle, existing = await _start_or_attach(
+        client,
+        agent,
+        prompt,
+        task_queue=task_queue,
+        run_id=run_id,
+        max_turns=max_turns,
+        if_exists=if_exists,
+    )
+    if existing is not None:
+        queue = existing.task_queue or task_queue
+        if not _is_open(existing):
+            err_console.print(
+                f"run {handle.id} already exists and is closed ({_status_word(existing)}); "
+                "its result:",
+                highlight=False,
+            )
+            _print_result(await handle.result(), as_json)
+            return
+        err_console.print(f"run {handle.id} is already running: attached to it", highlight=False)
+    else:
+        queue = task_queue
+    if wait:
+        err_console.print(
+            f"run [bold]{handle.id}[/bold]  {ui_url(handle.id, client.namespace)}", highlight=False
+        )
+        try:
+            finished = await _wait_for_result(handle, queue)
+        except asyncio.CancelledError:  # Ctrl-C: only this command stops
+            err_console.print(
+                f"stopped waiting; run {handle.id} goes on (`relaykit result {handle.id}` waits "
+                f"for it again, `relaykit cancel {handle.id}` stops it)",
+                highlight=False,
+            )
+            raise
+        _print_result(finished, as_json)
+        return
+    try:  # surface immediate failures (an agent the worker does not serve) as an error
+        await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
+    except TimeoutError:
+        pass
+    if as_json:
+        print(json.dumps({"run_id": handle.id, "ui_url": ui_url(handle.id, client.namespace)}))
+    else:
+        print(handle.id)
+        err_console.print(f"[dim]{ui_url(handle.id, client.namespace)}[/dim]")
+
+
+@command
+async def result(
+    run_id: RunIdArg,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Wait for a run's result and print it."""
+    from relaykit.stuck import stuck
+
+    handle = await _handle(run_id, address, namespace)
+    wedged = await stuck(handle.client, run_id)
+    if wedged is not None:  # waiting would never end
+        raise RelaykitError(
+            f"run {run_id} is stuck: its workflow task failed {wedged.attempts} times: "
+            f"{wedged.cause}",
+            hint="roll back the worker's code, or `temporal workflow reset` the run "
+            "(docs/deploy.md)",
+        )
+    _print_result(await handle.result(), as_json)
+
+
+def ui_url_command(
+    run_id: RunIdArg,
+    namespace: Annotated[str, typer.Option(help="Temporal namespace")] = "default",
+) -> None:
+    """Print the Temporal UI link of a run (base: RELAYKIT_UI_URL, default 127.0.0.1:8233)."""
+    print(ui_url(run_id, os.environ.get("TEMPORAL_NAMESPACE", namespace)))
+
+
+@command
+async def pending(
+    run_id: RunIdArg,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """List the tool calls of a run waiting for approval."""
+    handle, description = await _described(run_id, address, namespace)
+    if not _is_open(description):  # a closed run's state still lists what it waited for
+        if as_json:
+            print("[]")
+        err_console.print(
+            f"run {run_id} is closed ({_status_word(description)}): nothing waits for approval",
+            highlight=False,
+        )
+        return
+    approvals = await handle.pending_approvals()
+    if as_json:
+        print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
+        return
+    if not approvals:
+        err_console.print("no pending approvals")
+    for item in approvals:
+        why = f"\t{item.reason}" if item.reason else ""  # e.g. an unknown outcome to decide on
+        print(f"{item.call_id}\t{item.agent}\t{item.tool}({item.arguments}){why}")
+
+
+@command
+async def approve(
+    run_id: RunIdArg,
+    call_id: Annotated[str, typer.Argument(help="Tool call id (see `relaykit pending`)")],
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve")] = False,
+    reason: Annotated[str | None, typer.Option(help="Reason the model will read")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Approve (or --reject) a tool call waiting for a person."""
+    _text_arg(reason, "reason")
+    handle, _ = await _served_handle(run_id, address, namespace, "answer approvals")
+    item = await handle.approve(call_id, approved=not reject, reason=reason)
+    print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
+
+
+@command
+async def send(
+    run_id: RunIdArg,
+    text: Annotated[str, typer.Argument(help="Message for the model, at the next turn")],
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Inject a user message into a running run."""
+    _text_arg(text, "message")
+    handle, _ = await _served_handle(run_id, address, namespace, "take messages")
+    await handle.send_message(text)
+    print("queued")
+
+
+@command
+async def pause(
+    run_id: RunIdArg,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Pause a run at its next turn boundary."""
+    handle, _ = await _open_handle(run_id, address, namespace, "pause")
+    await handle.pause()
+    print("pause requested")
+
+
+@command
+async def resume(
+    run_id: RunIdArg,
+    text: Annotated[str | None, typer.Argument(help="Optional message for the model")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Resume a paused run, optionally with a message."""
+    _text_arg(text, "message")
+    handle, _ = await _open_handle(run_id, address, namespace, "resume")
+    await handle.resume(text)
+    print("resumed")
+
+
+@command
+async def cancel(
+    run_id: RunIdArg,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Cancel a run (and its child runs and in-flight activities); the run ends at its next
+    step, so a worker must serve it (`relaykit terminate` ends it without one)."""
+    handle, description = await _open_handle(run_id, address, namespace, "cancel")
+    await handle.cancel()
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if not await _served(handle.client, queue):
+        raise RelaykitError(
+            f"cancel requested, but no worker polls task queue {queue!r}, so nothing can act "
+            "on it until one does",
+            hint=f"`relaykit terminate {run_id}` ends the run now",
+        )
+    try:  # a served run ends within moments; say how
+        await asyncio.wait_for(asyncio.shield(handle.workflow.result()), timeout=CANCEL_WAIT)
+    except Exception:  # noqa: BLE001 - cancelled, failed or still running: describe says
+        pass
+    after = await handle.workflow.describe()
+    if not _is_open(after):
+        print(f"run {run_id} {_status_word(after)}")
+        return
+    print("cancel requested: the run stops at its next step")
+
+
+CANCEL_WAIT = 5.0
+"""Seconds ``cancel`` waits to report the run's end."""
+
+
+@command
+async def terminate(
+    run_id: RunIdArg,
+    reason: Annotated[str | None, typer.Option(help="Why (kept in the run's history)")] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """End a run at once, without running its cleanup (no worker needed); prefer `cancel`."""
+    _text_arg(reason, "reason")
+    handle, _ = await _open_handle(run_id, address, namespace, "terminate")
+    await handle.workflow.terminate(reason=reason or "terminated with `relaykit terminate`")
+    print(f"run {run_id} terminated")
+
+
+@command
+async def events(
+    run_id: RunIdArg,
+    offset: Annotated[int, typer.Option("--from", help="First event sequence number")] = 0,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Print a run's event log."""
+    handle, description = await _queried_handle(run_id, address, namespace, "event log")
+    try:
+        logged = await handle.events(offset)
+    except WorkflowQueryFailedError as exc:
+        raise _replay_refused(handle, description, exc) from None
+    for event in logged:
+        if as_json:
+            print(event.model_dump_json())
+        else:
+            path = "/".join(event.run_path)
+            print(
+                f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} "
+                f"{json.dumps(event.data)[:120]}"
+            )
+
+
+@command
+async def watch(
+    run_id: RunIdArg,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="Where to start: an event sequence number, or the cursor "
+            "printed when watching stopped",
+        ),
+    ] = "0",
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Print the log line by line, even on a terminal")
+    ] = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Follow a run (and its child runs) live, or print a finished run's log."""
+    from relaykit.watch import watch_run
+
+    handle, description = await _queried_handle(run_id, address, namespace, "event log")
+    seen = {"cursor": start}
+
+    def remember(cursor: str) -> None:
+        seen["cursor"] = cursor
+
+    try:
+        state = await watch_run(handle, console, from_offset=start, plain=plain, on_cursor=remember)
+    except WorkflowQueryFailedError as exc:
+        raise _replay_refused(handle, description, exc) from None
+    except asyncio.CancelledError:  # Ctrl-C: the run goes on
+        err_console.print(
+            f"stopped watching (the run goes on); resume with: relaykit watch {run_id} "
+            f"--from {seen['cursor']}",
+            highlight=False,
+        )
+        raise
+    tokens = "" if state.tokens is None else f" · {state.tokens} tokens"
+    err_console.print(f"[dim]run {state.status} · agent {state.agent}{tokens}[/dim]")
+    if (
+        state.status == "completed"
+        and state.output is not None
+        and console.is_terminal
+        and not plain
+    ):
+        _print_answer(state.output)
+
+
+@command
+async def runs(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="open, running, waiting_approval, paused, completed, failed, "
+            "cancelled, terminated or timed_out"
+        ),
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
+    roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first")] = 50,
+    only_stuck: Annotated[
+        bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
+    ] = False,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """List runs with their status, agent, age, tokens and build (from relaykit's search
+    attributes); runs whose workflow task keeps failing are marked stuck."""
+    from relaykit.stuck import find_stuck
+    from relaykit.watch import STATUS_FILTERS, list_runs, runs_table
+
+    if status is not None and status not in STATUS_FILTERS:
+        raise RelaykitError(
+            f"unknown status {status!r}", hint="one of: " + ", ".join(STATUS_FILTERS)
+        )
+    if only_stuck and status is None:
+        status = "open"
+    client = await _client(address, namespace)
+    try:
+        rows = await list_runs(client, status=status, agent=agent, roots=roots, limit=limit)
+    except RPCError as exc:
+        from relaykit.search_attributes import operator_create_args
+
+        register = " ".join(["temporal", *operator_create_args(client.namespace)])
+        raise RelaykitError(
+            f"Temporal: {exc.message}",
+            hint=f"relaykit's search attributes must be registered on the namespace: `{register}`",
+        ) from None
+    wedged = await find_stuck(client, [row.id for row in rows if row.status in LIVE_STATES])
+    for row in rows:
+        row.stuck = wedged[row.id].cause if row.id in wedged else None
+    if only_stuck:
+        rows = [row for row in rows if row.stuck is not None]
+    await _live_tokens(client, [row for row in rows if row.stuck is None])
+    if as_json:
+        print(json.dumps([row.to_json() for row in rows], indent=2))
+        return
+    if not rows:
+        err_console.print("no stuck runs" if only_stuck else "no runs")
+        return
+    if only_stuck:
+        for row in rows:
+            print(f"{row.id}: {row.stuck}")
+        err_console.print(
+            "way out: roll back the worker's code, or `temporal workflow reset` each run "
+            "(docs/deploy.md)"
+        )
+        return
+    table = runs_table(rows)
+    # Ids are what people copy into the next command: never shortened to fit the terminal.
+    run_column = table.columns[0]
+    run_column.no_wrap = True
+    run_column.min_width = max(len(row.id) + (2 if row.parent else 0) for row in rows)
+    wide = Console(width=max(console.width, run_column.min_width + 60), soft_wrap=True)
+    wide.print(table)
+
+
+LIVE_STATES = ("running", "waiting_approval", "paused")
+
+
+async def _live_tokens(client: Client, rows: list[Any]) -> None:
+    """The RelayTokens search attribute is written at status changes; an open run's own state
+    has its tokens as of its last turn (a run whose worker does not answer keeps the former)."""
+
+    async def refresh(row: Any) -> None:
+        try:
+            state = await asyncio.wait_for(get_run(client, row.id).state(), timeout=2.0)
+        except Exception:  # noqa: BLE001 - no worker, or a run closing meanwhile
+            return
+        row.tokens = state.usage.total_tokens
+
+    await asyncio.gather(*(refresh(row) for row in rows if row.status in LIVE_STATES))
