@@ -82,7 +82,8 @@ async def _run_turns(url: str, turns: int, reps: int) -> float:
 
     from relaykit import Agent, ModelSpec, Worker, start_run, tool
     from relaykit.devserver import DevServer
-    from relaykit.storage import Store, with_external_storage
+    from relaykit.payload_storage import with_external_storage
+    from relaykit.storage import Store
     from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 
     @tool

@@ -24,6 +24,7 @@ from relaykit.handoff import (
 from relaykit.mcp import MCPServer
 from relaykit.messages import Message, ToolCall, Usage
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
+from relaykit.payload_storage import StoreDriver, with_external_storage
 from relaykit.runs import (
     ApprovalDecision,
     ForkOrigin,
@@ -35,7 +36,7 @@ from relaykit.runs import (
     RunSnapshot,
     RunStatus,
 )
-from relaykit.storage import Store, StoreDriver, with_external_storage
+from relaykit.storage import Store
 from relaykit.streaming import StreamCursor, StreamEvent
 from relaykit.subagents import (
     MAX_WAIT_SECONDS,

@@ -22,6 +22,7 @@ from relaykit.codec import codec_from_env, compose_data_converter
 from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
 from relaykit.messages import Message
 from relaykit.names import slug
+from relaykit.payload_storage import with_external_storage
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
@@ -31,7 +32,7 @@ from relaykit.runs import (
     RunResult,
     RunSnapshot,
 )
-from relaykit.storage import Store, with_external_storage
+from relaykit.storage import Store
 from relaykit.streaming import DEFAULT_POLL_INTERVAL, StreamCursor, StreamEvent, stream_run
 from relaykit.tracing import has_tracing_interceptor, temporal_interceptor, tracing_enabled
 

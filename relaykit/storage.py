@@ -2,7 +2,8 @@
 
 Two things live there: transcript chain nodes and request parts (:mod:`relaykit.transcripts`),
 and payloads too large for Temporal history (its external payload storage, through
-:class:`StoreDriver`). Both use the same store, so a deployment configures one place::
+:class:`~relaykit.payload_storage.StoreDriver`). Both use the same store, so a deployment
+configures one place::
 
     RELAYKIT_STORE=file:///var/lib/relaykit     # a private local directory
     RELAYKIT_STORE=s3://bucket/prefix           # S3 or any S3-compatible server (MinIO, ...)
@@ -37,7 +38,8 @@ decodes it, cuts its plaintext the same way and encodes each piece again, so blo
 and no plaintext is written.
 
 Layout: everything a run writes is under ``runs/<root run id>/`` (child runs share their root's
-folder), so one prefix holds a whole job and ``relaykit gc`` (or a bucket lifecycle rule) can
+folder), so one prefix holds a whole job and ``relaykit gc`` (:mod:`relaykit.retention`, or a
+bucket lifecycle rule) can
 delete it when the job is over. Keys are built only from validated parts: digests must be
 fixed-length lowercase hex, run ids are percent-encoded into one path segment.
 
@@ -59,8 +61,8 @@ import os
 import re
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -69,14 +71,7 @@ import obstore
 from obstore.store import from_url
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
-    DataConverter,
-    ExternalStorage,
     PayloadCodec,
-    StorageDriver,
-    StorageDriverClaim,
-    StorageDriverRetrieveContext,
-    StorageDriverStoreContext,
-    StorageDriverWorkflowInfo,
 )
 
 from relaykit.errors import ConfigurationError, RelaykitError
@@ -561,222 +556,3 @@ def split_large_strings(data: bytes, document: bytes | None = None) -> list[byte
     if cursor < len(data):
         parts.append(data[cursor:])
     return parts
-
-
-# --- Temporal external payload storage --------------------------------------------------------
-
-
-class StoreDriver(StorageDriver):
-    """Temporal ``StorageDriver`` over a :class:`Store`: payloads above the threshold go to
-    ``runs/<root run>/payloads/<sha256>`` and history keeps a small reference.
-
-    Payloads reach the driver already encoded by the data converter's codec, so they are stored
-    as they are. A claim names only a key that is checked (shape and content hash) on the way
-    back, so a forged reference cannot read outside the store or swap a payload."""
-
-    NAME = "relaykit-store"
-
-    def __init__(self, store: Store) -> None:
-        self.target = store
-
-    def name(self) -> str:
-        return self.NAME
-
-    def type(self) -> str:
-        return "relaykit.StoreDriver"
-
-    async def store(
-        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
-    ) -> list[StorageDriverClaim]:
-        target = context.target
-        workflow_id = target.id if isinstance(target, StorageDriverWorkflowInfo) else None
-        scope = scope_for(workflow_id)
-        claims = []
-        for payload in payloads:
-            data = payload.SerializeToString()
-            digest = hashlib.sha256(data).hexdigest()
-            key = f"{run_prefix(scope)}payloads/{digest}"
-            if not await self.target.exists(key):
-                await self._put(key, payload, data)
-            claims.append(StorageDriverClaim(claim_data={"key": key}))
-        return claims
-
-    async def _put(self, key: str, payload: Payload, data: bytes) -> None:
-        if payload.metadata.get("encoding") == b"json/plain":
-            await self.target.put(key, data, encode=False, document=payload.data)
-            return
-        codec = self.target.codec
-        if codec is not None and len(data) >= BLOB_MIN_BYTES:
-            # Encoded (e.g. encrypted) bytes have no strings to share; the plaintext does. It is
-            # stored as the store stores everything with a codec: each piece encoded again.
-            plain = (await codec.decode([payload]))[0]
-            if plain is not payload and plain.metadata.get("encoding") == b"json/plain":
-                await self.target.put(key, plain.SerializeToString(), document=plain.data)
-                return
-        await self.target.put(key, data, encode=False)
-
-    async def retrieve(
-        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
-    ) -> list[Payload]:
-        return list(await asyncio.gather(*(self._retrieve(claim) for claim in claims)))
-
-    async def _retrieve(self, claim: StorageDriverClaim) -> Payload:
-        key = claim.claim_data.get("key", "")
-        parts = key.split("/")
-        if (
-            len(parts) != 4
-            or parts[0] != RUNS_PREFIX
-            or parts[2] != "payloads"
-            or not _SHA256.match(parts[3])
-        ):
-            raise InvalidKey(f"invalid payload reference {key[:100]!r}")
-        data = await self.target.get(key, decode=False)
-        if data is None:
-            raise StoreError(
-                f"offloaded payload {key} is not in the store {self.target.location}",
-                hint="every worker and client must use the same RELAYKIT_STORE",
-            )
-        if data.startswith(_ENCODED_MAGIC):  # an encoded payload stored as its plaintext's pieces
-            return await self._reencoded(key)
-        if hashlib.sha256(data).hexdigest() != parts[3]:
-            raise StoreError(f"offloaded payload {key} does not match its digest")
-        return Payload.FromString(data)
-
-    async def _reencoded(self, key: str) -> Payload:
-        """The payload under ``key``, encoded again with the codec. Its bytes differ from the
-        ones the digest in ``key`` was taken of (an encrypting codec uses a new nonce), so what
-        vouches for them is the codec (AES-GCM authenticates each piece) and each blob's digest."""
-        codec = self.target.codec
-        plain = await self.target.get(key)  # decoded: raises when this process has no codec
-        if plain is None or codec is None:
-            raise StoreError(f"offloaded payload {key} cannot be read back")
-        return (await codec.encode([Payload.FromString(plain)]))[0]
-
-
-def with_external_storage(
-    converter: DataConverter, store: Store, *, threshold: int | None = None
-) -> DataConverter:
-    """``converter`` with Temporal external payload storage in ``store``: payloads at least
-    ``threshold`` bytes (default ``store.offload_threshold``) are kept in the store and history
-    holds a reference, so large prompts and tool outputs do not hit Temporal's 2 MB limit.
-
-    Pure: the converter's payload converter and codec are kept; a converter that already has
-    external storage is returned unchanged."""
-    if converter.external_storage is not None:
-        return converter
-    storage = ExternalStorage(
-        drivers=[StoreDriver(store)],
-        payload_size_threshold=store.offload_threshold if threshold is None else threshold,
-    )
-    return dataclasses.replace(converter, external_storage=storage)
-
-
-# --- retention ----------------------------------------------------------------------------------
-
-DEFAULT_RETENTION = timedelta(days=7)
-
-
-def parse_duration(text: str) -> timedelta:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"`` or a number of seconds."""
-    text = text.strip().lower()
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    try:
-        if text and text[-1] in units:
-            duration = timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        else:
-            duration = timedelta(seconds=float(text))
-    except (ValueError, OverflowError):
-        raise ConfigurationError(
-            f"not a duration: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
-        ) from None
-    if duration < timedelta(0):  # a negative retention would delete every closed run's data
-        raise ConfigurationError(
-            f"a duration cannot be negative: {text!r}", hint="write e.g. 7d, 12h, 30m or 45s"
-        )
-    return duration
-
-
-def retention_from_env() -> timedelta:
-    value = os.environ.get("RELAYKIT_STORE_RETENTION")
-    return parse_duration(value) if value else DEFAULT_RETENTION
-
-
-@dataclasses.dataclass
-class GcReport:
-    """What :func:`collect_garbage` did, one entry per root run folder."""
-
-    deleted: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Root run id → objects deleted."""
-    kept: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Root run id → why its folder stays."""
-
-
-async def collect_garbage(
-    store: Store,
-    client: Any,
-    *,
-    retention: timedelta | None = None,
-    dry_run: bool = False,
-    now: datetime | None = None,
-) -> GcReport:
-    """Delete the folders of root runs that closed more than ``retention`` ago.
-
-    Temporal says whether a run is closed (and when). A run Temporal no longer knows (its
-    namespace retention removed it) counts as closed when its newest object was written; its
-    children (``<root>/<call>``) are asked too, so a detached subagent still running keeps its
-    root's folder."""
-    from temporalio.service import RPCError, RPCStatusCode
-
-    retention = retention_from_env() if retention is None else retention
-    now = now or datetime.now(UTC)
-    report = GcReport()
-    for scope in await store.folders(f"{RUNS_PREFIX}/"):
-        run_id = run_id_of_scope(scope)
-        label = run_id or scope
-        closed_at: datetime | None = None
-        if run_id is not None:
-            try:
-                description = await client.get_workflow_handle(run_id).describe()
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    raise
-                description = None
-            if description is not None:
-                closed_at = description.close_time
-                if closed_at is None:
-                    report.kept[label] = "running"
-                    continue
-            query = (
-                f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
-            )
-            try:
-                running_child = [w async for w in client.list_workflows(query, limit=1)]
-            except RPCError:
-                running_child = []
-            if running_child:
-                report.kept[label] = f"child run {running_child[0].id} is running"
-                continue
-        forgotten = closed_at is None
-        if forgotten:  # unknown to Temporal: the last write is when it was last used
-            written = [o.last_modified async for o in store.list(run_prefix(scope))]
-            if not written:
-                continue
-            closed_at = max(written)
-        assert closed_at is not None
-        if now - closed_at < retention:
-            when = "unknown to Temporal, last written" if forgotten else "closed"
-            report.kept[label] = f"{when} {_ago(now - closed_at)} ago, retention {_ago(retention)}"
-            continue
-        if dry_run:
-            report.deleted[label] = sum([1 async for _ in store.list(run_prefix(scope))])
-        else:
-            report.deleted[label] = await store.delete_prefix(run_prefix(scope))
-    return report
-
-
-def _ago(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"

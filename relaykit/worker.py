@@ -26,8 +26,9 @@ from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.payload_storage import with_external_storage
 from relaykit.search_attributes import registered as search_attributes_registered
-from relaykit.storage import Store, with_external_storage
+from relaykit.storage import Store
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
 from relaykit.tools import MAX_OFFLOADED_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES
 from relaykit.tracing import has_tracing_interceptor, tracing_enabled, worker_interceptors

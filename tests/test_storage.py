@@ -26,15 +26,9 @@ from temporalio.converter import PayloadCodec
 from relaykit import Agent, RunInput, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.messages import Message
+from relaykit.payload_storage import StoreDriver, with_external_storage
 from relaykit.runs import RunResult, RunState
-from relaykit.storage import (
-    InvalidKey,
-    Store,
-    StoreDriver,
-    StoreError,
-    scope_for,
-    with_external_storage,
-)
+from relaykit.storage import InvalidKey, Store, StoreError, scope_for
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
@@ -463,7 +457,7 @@ async def test_gc_keeps_a_closed_root_while_one_of_its_child_runs_still_runs(
 ) -> None:
     from datetime import timedelta
 
-    from relaykit.storage import collect_garbage
+    from relaykit.retention import collect_garbage
 
     model = scripted_model(model_server)
     gate = threading.Event()

@@ -15,7 +15,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench.large_payload import page
 from relaykit import Agent, start_run, tool
-from relaykit.storage import Store, StoreError, scope_for, with_external_storage
+from relaykit.payload_storage import with_external_storage
+from relaykit.storage import Store, StoreError, scope_for
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from tests.support import scripted_model, serving
 from tests.test_storage import AesGcmCodec, client_with, stored_files

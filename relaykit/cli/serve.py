@@ -182,7 +182,8 @@ async def gc(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Delete stored transcripts and payloads of runs that closed longer ago than the retention."""
-    from relaykit.storage import Store, collect_garbage, parse_duration
+    from relaykit.retention import collect_garbage, parse_duration
+    from relaykit.storage import Store
 
     kept_for = parse_duration(retention) if retention else None  # bad input before connecting
     target = Store(store)
