@@ -127,6 +127,11 @@ class ToolSpec(CompactModel):
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    route: str | None = None
+    """What kind of tool answers a call of it, when it is not a function tool (a handoff and its
+    target, an agent tool, the subagent tools): never sent to the model. The model call echoes
+    it for the calls it returns (``ModelResponse.routes``), so replay can issue the commands of
+    a tool that today's code no longer defines (relaykit.workflows.call_record)."""
 
 
 class OutputSpec(CompactModel):
@@ -145,6 +150,9 @@ class ModelResponse(CompactModel):
     finish_reason: str | None = None
     transcript_ref: str | None = None
     """Digest of the stored transcript ending with this response (when the request asked)."""
+    routes: dict[str, str] = Field(default_factory=dict)
+    """For each tool name this response calls that was offered with a route (``ToolSpec.route``):
+    that route, recorded with the call (relaykit.workflows.call_record)."""
     static_ref: str | None = None
     """Digest of the request's unchanging part that the model worker stored or found for this
     call. The workflow learns what is stored from this recorded value, never by re-deriving it:

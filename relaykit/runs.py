@@ -183,6 +183,10 @@ class RunSetup(BaseModel):
     """Tool calls carry their effect, so a ``"write"`` lost in flight is reported or asked about
     instead of run again (``relaykit.workflows.tool_outcome``); ``False`` for runs started
     before, which keep running in-flight calls again, also across continue-as-new."""
+    recorded_calls: bool = False
+    """Each call's decision (refused, asked a person, ran) is recorded when it is made and read
+    back on replay, so edited agent definitions never change what a run already did
+    (``relaykit.workflows.call_record``); ``False`` for runs started before."""
 
 
 class RepeatedCall(BaseModel):

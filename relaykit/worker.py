@@ -21,6 +21,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from relaykit import registry
 from relaykit.activities.delivery import deliver_report
+from relaykit.activities.gone_tools import gone_tool
 from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
@@ -210,7 +211,9 @@ class Worker:
             if h.on_handoff is not None
         )
         activities.extend(self._activities)
-        activities.extend(mcp_activities)
+        # One dynamic activity: MCP's when the graph has servers (it also answers calls of tools
+        # this code no longer defines), else the one for those calls, unless the user has one.
+        activities.extend(mcp_activities or ([] if self._own_dynamic() else [gone_tool]))
         options = dict(self._options)
         # Heartbeats carry a streaming model call's text; by default Temporal would send them
         # only every 0.8 x heartbeat timeout (24 s for a model call).
@@ -231,22 +234,27 @@ class Worker:
         )
         return self._worker
 
+    def _own_dynamic(self) -> bool:
+        from temporalio import activity as temporal_activity
+
+        for fn in self._activities:
+            defn = temporal_activity._Definition.from_callable(fn)
+            if defn is not None and defn.name is None:
+                return True
+        return False
+
     def _mcp_activities(self) -> list[Any]:
         """The dynamic activity serving MCP servers' lists and calls, when the graph has any
         (the ``mcp`` package is imported only then)."""
         if not self.graph.mcp_servers:
             return []
-        from temporalio import activity as temporal_activity
-
         from relaykit.errors import ConfigurationError
 
-        for fn in self._activities:
-            defn = temporal_activity._Definition.from_callable(fn)
-            if defn is not None and defn.name is None:
-                raise ConfigurationError(
-                    "this worker serves MCP servers, which use the worker's dynamic activity",
-                    hint="run your dynamic activity on a worker of another task queue",
-                )
+        if self._own_dynamic():
+            raise ConfigurationError(
+                "this worker serves MCP servers, which use the worker's dynamic activity",
+                hint="run your dynamic activity on a worker of another task queue",
+            )
         try:
             from relaykit.activities.mcp_activities import MCPSessions
         except ImportError as exc:  # pragma: no cover - depends on the installation

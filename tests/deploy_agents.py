@@ -4,8 +4,9 @@ task queue, as an operator's deploy does (``python -m relaykit.cli worker tests.
 
 v2 changes what docs/replay.md calls safe: the lead's instructions and the schema of its
 ``lookup`` tool (a new optional parameter). The lead has subagents, whose built-in tools are
-part of every request's unchanging part too. v3 breaks runs that called ``lookup``: it renames
-the tool (its activity type).
+part of every request's unchanging part too. v3 breaks runs that called ``lookup``: the name now
+answers another kind of tool (an agent as tool, a child run where history holds an activity),
+which no recorded decision can replay.
 
 The model and tool log come from the same variables as :mod:`tests.crash_agents`
 (``CRASH_MODEL_URL``, ``CRASH_MODEL_NAME``, ``CRASH_TOOL_LOG``).
@@ -39,17 +40,8 @@ if VERSION == "1":
         _record(f"lookup v1 {q}")
         return f"v1 found {q}"
 
-elif VERSION == "3":  # a breaking change: the tool runs had called is renamed
-
-    @tool(name="find")
-    def lookup(q: str) -> str:  # type: ignore[misc]
-        """Find something.
-
-        Args:
-            q: What to find.
-        """
-        _record(f"find v3 {q}")
-        return f"v3 found {q}"
+elif VERSION == "3":  # a breaking change: the tool runs had called is now another kind of tool
+    lookup = None  # type: ignore[assignment]  # (an agent as tool of the same name, below)
 
 else:
 
@@ -74,6 +66,8 @@ _MODEL = ModelSpec(
 )
 
 helper = Agent(name="deploy_helper", instructions="Help.", model=_MODEL)
+if lookup is None:  # v3: `lookup` asks the helper agent instead of running a function
+    lookup = helper.as_tool(name="lookup", description="Look something up.")  # type: ignore[assignment]
 
 deploy_lead = Agent(
     name="deploy_lead",

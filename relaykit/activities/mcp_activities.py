@@ -51,6 +51,7 @@ from temporalio.exceptions import ApplicationError
 
 from relaykit import errors
 from relaykit.activities.attempts import AttemptGuard
+from relaykit.activities.gone_tools import answer_gone
 from relaykit.activities.mcp_launch import orphan_safe_command
 from relaykit.mcp import (
     ACTIVITY_PREFIX,
@@ -458,12 +459,8 @@ class MCPSessions:
         @activity.defn(dynamic=True)
         async def relaykit_mcp(args: Sequence[RawValue]) -> Any:
             kind = activity.info().activity_type
-            if not kind.startswith(ACTIVITY_PREFIX) or not args:
-                raise ApplicationError(
-                    f"activity type {kind!r} is not registered on this worker",
-                    type="NotFoundError",
-                    non_retryable=True,
-                )
+            if not kind.startswith(ACTIVITY_PREFIX) or not args:  # e.g. a tool renamed since
+                return await answer_gone(kind, args)
             convert = activity.payload_converter()
             raw = convert.from_payload(args[0].payload, dict)
             server = sessions.servers.get(str(raw.get("server")))

@@ -127,6 +127,7 @@ class ModelActivities:
             finally:
                 publisher.close()
         response.static_ref = full.static_ref  # what this call stored or found, for the workflow
+        response.routes = routes_called(full, response)
         if request.store_transcript:
             try:
                 response.transcript_ref = await self.transcripts.save(
@@ -137,3 +138,14 @@ class ModelActivities:
                 # the messages since then: more bytes, same transcript.
                 activity.logger.warning("could not store the transcript prefix", exc_info=True)
         return response
+
+
+def routes_called(request: ModelRequest, response: ModelResponse) -> dict[str, str]:
+    """The routes of the tools this response calls, recorded with the call: what a replay
+    needs when today's code no longer defines one of them (relaykit.workflows.call_record)."""
+    called = {call.name for call in response.message.tool_calls}
+    return {
+        spec.name: spec.route
+        for spec in request.tools
+        if spec.route is not None and spec.name in called
+    }

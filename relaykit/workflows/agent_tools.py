@@ -27,6 +27,7 @@ from relaykit.agent import AgentTool
 from relaykit.messages import ToolCall, ToolSpec
 from relaykit.runs import RunInput, RunResult
 from relaykit.tool_args import AgentToolArgs
+from relaykit.workflows.call_record import ROUTE_AGENT, route
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult, invalid_arguments
 
@@ -63,7 +64,7 @@ class ChildIds:
         if known is not None:
             return known
         parent = workflow.info().workflow_id
-        if workflow.patched(AGENT_TOOL_ID_PATCH):
+        if self.run.patched(AGENT_TOOL_ID_PATCH):
             state.agent_tools_started += 1
             child_id = f"{parent}/{_child_name(entry.agent.name)}-{state.agent_tools_started}"
         else:  # recorded before the ids carried the agent's name
@@ -86,6 +87,7 @@ class AgentToolKind(ToolKind):
         self.ids = ids
         self.name = name
         """The name this run uses (lovia's, or the earlier one; ``entry.name`` in messages)."""
+        self.route = route(ROUTE_AGENT, entry.agent.name)
 
     def spec(self) -> ToolSpec:
         return self.entry.spec_named(self.name)
@@ -103,6 +105,14 @@ class AgentToolKind(ToolKind):
             # (a lone surrogate in a string, say), which would fail every workflow task
             return ToolResult(invalid_arguments(self.entry.name, exc), is_error=True)
         return Prepared(call, (child_id, prompt))
+
+    def replayed(self, call: ToolCall) -> Prepared:
+        child_id = self.ids.take(self.entry, call)
+        try:
+            prompt = AgentToolArgs.model_validate_json(call.arguments or "{}").input
+        except ValidationError:  # the child started then: its recorded start is replayed
+            prompt = call.arguments
+        return Prepared(call, (child_id, prompt), replayed=True)
 
     async def execute(self, prepared: Prepared) -> ToolResult:
         run, entry = self.run, self.entry

@@ -15,7 +15,6 @@ Workflow code: deterministic, no I/O.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from temporalio import workflow
 
@@ -43,19 +42,17 @@ class Approvals:
 
     # --- the order of a turn's calls ------------------------------------------------------------
 
-    def gates(
-        self, agent: Agent, calls: list[ToolCall], needs: Callable[[ToolCall], bool]
-    ) -> list[Gate]:
+    def gates(self, calls: list[ToolCall], wanted: list[bool], in_order: bool) -> list[Gate]:
         """For each call: the approval decision it waits for before it starts, and the event
         its own approval decision sets (lovia's order: a later call may depend on the approved
-        action, so it never runs before that action is decided)."""
+        action, so it never runs before that action is decided). ``wanted``: which calls will
+        wait for a person; ``in_order``: the agent's ``approval_order`` is the request order."""
         none: list[Gate] = [(None, None)] * len(calls)
-        if agent.approval_order != "request_order":
+        if not in_order:
             return none
-        wanted = [needs(call) for call in calls]
         if True not in wanted or True not in wanted[: len(calls) - 1]:
             return none  # no call comes after one that waits for a person
-        if not workflow.patched(PATCH_APPROVAL_ORDER):  # recorded when every call ran at once
+        if not self.run.patched(PATCH_APPROVAL_ORDER):  # recorded when every call ran at once
             return none
         gates: list[Gate] = []
         waiting: asyncio.Event | None = None

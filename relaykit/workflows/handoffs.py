@@ -23,6 +23,7 @@ from relaykit import errors
 from relaykit.agent import Handoff
 from relaykit.handoff import HandoffArgs, HandoffCallbackInput, HandoffInputData, parse_handoff_args
 from relaykit.messages import Message, ToolCall, ToolSpec
+from relaykit.workflows.call_record import ROUTE_HANDOFF, route
 from relaykit.workflows.loop_guard import PATCH_ALL_KINDS
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
@@ -50,6 +51,8 @@ class HandoffTool(ToolKind):
         self.run_name = run_name
         """The name this run uses (lovia's, or the earlier one a run started before it
         recorded): what the model is shown, and the ``on_handoff`` activity's type."""
+        callback = ("callback",) if handoff.on_handoff is not None else ()
+        self.route = route(ROUTE_HANDOFF, handoff.target.name, *callback)
 
     def spec(self) -> ToolSpec:
         return self.handoff.spec_named(self.run_name)
@@ -64,13 +67,20 @@ class HandoffTool(ToolKind):
         )
         if args is not None:
             return Prepared(call, args)
-        if not workflow.patched(PATCH_BAD_ARGUMENTS):  # recorded when any handoff switched
+        if not self.run.patched(PATCH_BAD_ARGUMENTS):  # recorded when any handoff switched
             return Prepared(call, HandoffArgs())
         return ToolResult(
             f"The handoff did not happen: invalid arguments for {call.name!r}: {problem}. "
             'Call it again with {} or {"reason": "<text>"}.',
             is_error=True,
         )
+
+    def replayed(self, call: ToolCall) -> Prepared:
+        prepared = self.prepare(call)
+        if isinstance(prepared, ToolResult):  # arguments today's rule refuses: the switch stands
+            prepared = Prepared(call, HandoffArgs())
+        prepared.replayed = True
+        return prepared
 
     async def execute(self, prepared: Prepared) -> ToolResult:
         """Run the handoff's ``on_handoff``; the switch itself waits for the end of the turn."""

@@ -98,7 +98,8 @@ class TurnLoop:
     async def run(self) -> RunResult:
         run = self.run_state
         run.record_setup()
-        if self.state.agent not in self.graph.agents:
+        if self.state.agent not in self.graph.agents and not workflow.unsafe.is_replaying():
+            # Never while replaying: the run may have started under code that defined it.
             raise ApplicationError(
                 f"unknown agent {self.state.agent!r}; this worker serves: "
                 + ", ".join(sorted(self.graph.agents)),
@@ -134,6 +135,8 @@ class TurnLoop:
                     f"the run reached max_turns={self.input.max_turns} without a final answer",
                     errors.MAX_TURNS_EXCEEDED,
                 )
+            if run.agent_is_gone():  # switched to under earlier code: replayed, now it ends
+                run.fail_unknown_agent()
             state.turn += 1
             self._turns_this_run += 1
             agent = self.current_agent
@@ -163,7 +166,7 @@ class TurnLoop:
                     return self._finish(output)
                 continue
             with self.turn_group(agent):  # [observability]
-                results, switch = await self.tools.run_calls(agent, calls)
+                results, switch = await self.tools.run_calls(agent, calls, response.routes)
             state.transcript.extend(results)
             if switch is not None:
                 self._switch_agent(*switch)

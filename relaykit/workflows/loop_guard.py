@@ -73,24 +73,31 @@ def _catch_up(state: RunState) -> None:
 
 
 def check_repeat(
-    state: RunState, call: ToolCall, limit: int | None, patch_id: str = PATCH_ID
+    state: RunState,
+    call: ToolCall,
+    limit: int | None,
+    patch_id: str = PATCH_ID,
+    *,
+    ran: bool = False,
 ) -> str | None:
     """``None``: run the call (it is counted). Otherwise the text of the tool result that
-    replaces it."""
+    replaces it. ``ran``: a replayed call the run recorded as run, counted whatever today's
+    limit says (relaykit.workflows.call_record)."""
     if limit is None:
         return None
     _catch_up(state)
     guard = state.repeats
     key = call_key(call)
     entry = guard.calls.get(key)
-    if entry is None or entry.count < limit:
+    if entry is None or entry.count < limit or ran:
         if entry is None:
             entry = guard.calls[key] = RepeatedCall()
         entry.count += 1
         entry.last_call_id = call.id
         entry.result = None
         return None
-    if not workflow.patched(patch_id):  # a run from before the guard: it ran every call
+    recorded = state.setup is not None and state.setup.recorded_calls  # has every guard patch
+    if not recorded and not workflow.patched(patch_id):  # a run from before the guard
         entry.count += 1
         entry.last_call_id = call.id
         entry.result = None

@@ -29,6 +29,7 @@ from relaykit.agent import Agent, Budget
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
+from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.semantics import recorded_semantics, recorded_tool_effects
 
@@ -59,16 +60,52 @@ class Run:
         """Called after state a person can see changed (the workflow updates its UI details)."""
         self.workflow_type = AGENT_RUN_WORKFLOW
         self._background: list[asyncio.Task[Any]] = []
+        self._stand_ins: dict[str, Agent] = {}
 
     @property
     def current_agent(self) -> Agent:
-        return self.graph.agent(self.state.agent)
+        """The agent whose turn it is. One today's code no longer defines (the run switched to it
+        under earlier code) is a stand-in while the run replays; the turn loop fails the run
+        with ``UnknownAgent`` before its next live turn (:meth:`agent_is_gone`)."""
+        agent = self.graph.agents.get(self.state.agent)
+        if agent is None:
+            agent = self._stand_ins.get(self.state.agent)
+            if agent is None:
+                agent = self._stand_ins[self.state.agent] = stand_in_agent(self.state.agent)
+        return agent
+
+    def agent_is_gone(self) -> bool:
+        """Whether the current agent is not defined by today's code and the run is about to
+        decide something new with it (never while replaying what it already did)."""
+        return self.state.agent not in self.graph.agents and not workflow.unsafe.is_replaying()
+
+    def fail_unknown_agent(self) -> NoReturn:
+        self.fail(
+            f"agent {self.state.agent!r} is not defined by this worker's code (the run switched "
+            "to it under earlier code); this worker serves: "
+            + ", ".join(sorted(self.graph.agents)),
+            errors.UNKNOWN_AGENT,
+        )
+
+    @property
+    def calls(self) -> CallRecord:
+        """The recorded decisions of this run's tool calls (``RunSetup.recorded_calls``)."""
+        return CallRecord(self.setup_flag("recorded_calls"))
 
     def setup_flag(self, name: str) -> bool:
         """A recorded choice of :class:`relaykit.runs.RunSetup` (the worker's configuration
         before it is recorded)."""
         source: Any = self.state.setup if self.state.setup is not None else self.graph
         return bool(getattr(source, name, False))
+
+    def patched(self, patch_id: str) -> bool:
+        """``workflow.patched`` for the changes made before runs recorded their call decisions:
+        every run that records them has those changes, so no marker is written or read for
+        them, and none lands between a call's recorded decisions, whose order a replay must
+        match exactly (relaykit.workflows.call_record)."""
+        if self.setup_flag("recorded_calls"):
+            return True
+        return workflow.patched(patch_id)
 
     def record_setup(self) -> None:
         """Decide, once per run, what depends on the worker's configuration and changes the
@@ -90,6 +127,7 @@ class Run:
             event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
             **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
             **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
+            **recorded_calls(),  # [deploys] relaykit.workflows.call_record
         )
 
     # --- events and status ----------------------------------------------------------------------

@@ -28,6 +28,7 @@ from relaykit.tool_args import (
     SpawnSubagentArgs,
     WaitSubagentsArgs,
 )
+from relaykit.workflows.call_record import ROUTE_SUBAGENTS, stand_in_agent
 from relaykit.workflows.loop_guard import PATCH_ALL_KINDS
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.subagent_tasks import SubagentTasks
@@ -50,6 +51,7 @@ class SubagentTool(ToolKind):
     """One of the four subagent tools of one agent."""
 
     guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
+    route = ROUTE_SUBAGENTS
 
     def __init__(
         self, run: Run, tasks: SubagentTasks, agent: Agent, name: str, spec: ToolSpec | None
@@ -67,7 +69,7 @@ class SubagentTool(ToolKind):
 
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         capability = self.capability
-        legacy = not workflow.patched(SUBAGENT_ARGS_PATCH)
+        legacy = not self.run.patched(SUBAGENT_ARGS_PATCH)
         if call.name == "wait_subagents":
             if legacy:  # replaying a run recorded before waits were bounded: same timers as then
                 old = _legacy_wait(call.arguments, self.tasks.running())
@@ -119,27 +121,42 @@ class SubagentTool(ToolKind):
 
     # --- spawn ----------------------------------------------------------------------------------
 
-    async def _spawn(self, args: SpawnSubagentArgs) -> ToolResult:
-        run, tasks, capability = self.run, self.tasks, self.capability
-        state = run.state
-        prompt = args.prompt
-        choices = {a.name: a for a in tasks.agents_for(self.agent)}
+    def _target(self, args: SpawnSubagentArgs) -> tuple[str, Agent | None]:
+        choices = {a.name: a for a in self.tasks.agents_for(self.agent)}
         name = args.agent or next(iter(choices))
-        target = choices.get(name)
+        return name, choices.get(name)
+
+    def refusal(self, prepared: Prepared) -> ToolResult | None:
+        args = prepared.arguments
+        if not isinstance(args, SpawnSubagentArgs):
+            return None
+        name, target = self._target(args)
         if target is None:
+            choices = ", ".join(a.name for a in self.tasks.agents_for(self.agent))
             return ToolResult(
-                f"No subagent named {name!r}; choose one of: {', '.join(choices)}.", is_error=True
+                f"No subagent named {name!r}; choose one of: {choices}.", is_error=True
             )
-        running = tasks.running()
-        if len(running) >= capability.max_concurrent:
+        running = self.tasks.running()
+        if len(running) >= self.capability.max_concurrent:
             now = workflow.now()
             return ToolResult(
-                f"Refused: {len(running)} of at most {capability.max_concurrent} tasks are "
+                f"Refused: {len(running)} of at most {self.capability.max_concurrent} tasks are "
                 "already running: "
-                + "; ".join(tasks.describe(t, now) for t in running)
+                + "; ".join(self.tasks.describe(t, now) for t in running)
                 + ". Wait for one with wait_subagents or cancel one with cancel_subagent first.",
                 is_error=True,
             )
+        return None
+
+    async def _spawn(self, args: SpawnSubagentArgs) -> ToolResult:
+        """Checked by :meth:`refusal` first; a spawn replayed as recorded may name an agent that
+        today's code no longer lists, and starts as it did then."""
+        run, tasks, capability = self.run, self.tasks, self.capability
+        state = run.state
+        prompt = args.prompt
+        name, target = self._target(args)
+        if target is None:  # recorded as started, its agent gone (else refused: see refusal)
+            target = stand_in_agent(name)
         info = workflow.info()
         state.tasks_started += 1
         task_id = f"task-{state.tasks_started}"

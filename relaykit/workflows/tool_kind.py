@@ -64,6 +64,9 @@ class Prepared:
     """The arguments as the kind parsed them (a pydantic model, a dict, …)."""
     needs_approval: bool = False
     """The call waits for a person's decision before it runs."""
+    replayed: bool = False
+    """A replayed call the run recorded as run: the kind runs it as it did then and refuses
+    nothing for today's definitions (relaykit.workflows.call_record)."""
 
 
 class ToolKind:
@@ -77,6 +80,9 @@ class ToolKind:
     """How long a person may take to decide (``None``: no limit)."""
     guard_patch: str = GUARD_PATCH
     """The patch id under which the loop guard refuses this kind's repeats (docs/replay.md)."""
+    route: str | None = None
+    """What a replay needs to run a call of this tool once today's code no longer defines it
+    (:func:`relaykit.workflows.call_record.route`); ``None``: a function tool."""
 
     def spec(self) -> ToolSpec | None:
         raise NotImplementedError
@@ -91,8 +97,23 @@ class ToolKind:
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         raise NotImplementedError
 
+    def refusal(self, prepared: Prepared) -> ToolResult | None:
+        """A refusal that depends on the run's state and the kind's definition (no subagent of
+        that name, too many tasks running), decided before anything runs; the tool path records
+        it like every refusal (:mod:`relaykit.workflows.call_record`)."""
+        return None
+
     async def execute(self, prepared: Prepared) -> ToolResult:
         raise NotImplementedError
+
+    def replayed(self, call: ToolCall) -> Prepared:
+        """A call the run recorded as run, replayed: its arguments as :meth:`prepare` reads
+        them, or as they are when today's schema refuses them (the call ran under another)."""
+        prepared = self.prepare(call)
+        if isinstance(prepared, ToolResult):
+            prepared = Prepared(call)
+        prepared.replayed = True
+        return prepared
 
 
 def invalid_arguments(tool_name: str, exc: ValidationError) -> str:

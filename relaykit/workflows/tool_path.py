@@ -20,7 +20,8 @@ the subagent tools, handoffs):
    returned in call order, each with its ``tool_result`` event, and the turn loop puts them in
    the transcript and makes the handoff's switch.
 
-A new kind of tool is one module implementing :class:`ToolKind`, listed in :meth:`_build`.
+A new kind of tool is one module implementing :class:`ToolKind`, listed in
+:func:`relaykit.workflows.tool_table.build_table`.
 
 Workflow code: deterministic, no I/O.
 """
@@ -28,37 +29,24 @@ Workflow code: deterministic, no I/O.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
 
-from relaykit.agent import Agent, AgentTool, Handoff
-from relaykit.handoff import as_handoff
+from relaykit.agent import Agent, Handoff
 from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
-from relaykit.tool_args import SUBAGENT_TOOLS
-from relaykit.tools import Tool
-from relaykit.workflows.agent_tools import AgentToolKind, ChildIds
-from relaykit.workflows.approvals import Approvals
-from relaykit.workflows.function_tools import FunctionTool
-from relaykit.workflows.handoffs import HandoffTool
+from relaykit.workflows.agent_tools import ChildIds
+from relaykit.workflows.approvals import Approvals, Gate
+from relaykit.workflows.call_record import REFUSED_ON_REPLAY, Mode, Slot
 from relaykit.workflows.loop_guard import check_repeat
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.subagent_tasks import SubagentTasks
-from relaykit.workflows.subagent_tools import SubagentTool
 from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
+from relaykit.workflows.tool_table import AgentTools, build_table, stand_in
 
 PATCH_CALL_IDS = "relaykit.unique-call-ids"
-
-
-@dataclass
-class AgentTools:
-    """What one agent may call: by name, and the specs the model is shown (in their order)."""
-
-    kinds: dict[str, ToolKind] = field(default_factory=dict)
-    specs: list[ToolSpec] = field(default_factory=list)
 
 
 class ToolPath:
@@ -84,57 +72,13 @@ class ToolPath:
         """Built once per agent (and again after new MCP listings): it depends only on code."""
         known = self._tools.get(agent.name)
         if known is None:
-            known = self._tools[agent.name] = self._build(agent)
+            known = self._tools[agent.name] = build_table(
+                self.run, self.approvals, self.tasks, self.mcp, self.child_ids, agent
+            )
         return known
 
     def tool_specs(self, agent: Agent) -> list[ToolSpec]:
         return self.tools(agent).specs
-
-    def _build(self, agent: Agent) -> AgentTools:
-        run = self.run
-        lovia_names = run.setup_flag("lovia_tool_names")  # [lovia semantics] names, aliases
-        kinds: list[ToolKind] = []
-        aliases: list[ToolKind] = []
-        for entry in agent.tools:
-            if isinstance(entry, AgentTool):
-                kinds.append(AgentToolKind(run, entry, self.child_ids, entry.run_name(lovia_names)))
-                if lovia_names and entry.legacy_name != entry.name:  # a call recorded before
-                    aliases.append(AgentToolKind(run, entry, self.child_ids, entry.legacy_name))
-            elif isinstance(entry, Tool):
-                kinds.append(FunctionTool(run, self.approvals, agent, entry))
-        handoffs: list[ToolKind] = []
-        handoff_aliases: list[ToolKind] = []
-        for handoff in map(as_handoff, agent.handoffs):
-            own = handoff.run_name(lovia_names)
-            handoffs.append(HandoffTool(run, agent.name, handoff, own, own))
-            if lovia_names and handoff.legacy_name != own:
-                handoff_aliases.append(
-                    HandoffTool(run, agent.name, handoff, handoff.legacy_name, own)
-                )
-        subagents: list[ToolKind] = []
-        if agent.subagents is not None:
-            shown = {spec.name: spec for spec in self.tasks.tool_specs(agent)}
-            subagents = [
-                SubagentTool(run, self.tasks, agent, name, shown.get(name))
-                for name in SUBAGENT_TOOLS
-            ]
-        mcp: list[ToolKind] = list(self.mcp.kinds(run, self.approvals, agent))
-        table = AgentTools()
-        for kind in [*kinds, *handoffs, *subagents, *mcp]:
-            spec = kind.spec()
-            if spec is not None:
-                table.specs.append(spec)
-        # Which kind answers a name (a later one wins): MCP tools (whose names avoid all the
-        # others), the subagent tools, agent tools by the name an earlier run used, function and
-        # agent tools, handoffs by their earlier name, handoffs.
-        for kind in [*mcp, *subagents, *aliases, *kinds]:
-            table.kinds[kind.name] = kind
-        for kind in handoff_aliases:  # never in place of another handoff's own name
-            if not (kind.name in table.kinds and table.kinds[kind.name].barrier):
-                table.kinds[kind.name] = kind
-        for kind in handoffs:
-            table.kinds[kind.name] = kind
-        return table
 
     # --- what the model wrote -------------------------------------------------------------------
 
@@ -143,7 +87,7 @@ class ToolPath:
         and whether the message differs from what the provider sent."""
         if not message.tool_calls:
             return [], message, False
-        fix_ids = check_ids_needed(message) and workflow.patched(PATCH_CALL_IDS)
+        fix_ids = check_ids_needed(message) and self.run.patched(PATCH_CALL_IDS)
         checked = check_calls(
             message, self.run.state.turn, fix_ids=fix_ids, run_key=workflow.info().workflow_id
         )
@@ -157,7 +101,7 @@ class ToolPath:
             problem = self._argument_problems[call.arguments]
         else:
             problem = parse_object(call.arguments)[1]
-        if problem is None or not workflow.patched(PATCH_BAD_ARGUMENTS):
+        if problem is None or not self.run.patched(PATCH_BAD_ARGUMENTS):
             return None
         return (
             f"Invalid arguments for tool {call.name!r}: {problem}. The call was not run; "
@@ -167,19 +111,22 @@ class ToolPath:
     # --- one turn's calls -----------------------------------------------------------------------
 
     async def run_calls(
-        self, agent: Agent, calls: list[ToolCall]
+        self, agent: Agent, calls: list[ToolCall], routes: dict[str, str] | None = None
     ) -> tuple[list[Message], tuple[Handoff, str | None] | None]:
         """Run one turn's calls (see the module docstring); returns their results in call
-        order, for the transcript, and the handoff to switch to."""
+        order, for the transcript, and the handoff to switch to. ``routes``: what the model call
+        recorded about the tools it calls (:mod:`relaykit.workflows.call_record`)."""
         run = self.run
         table = self.tools(agent)
+        mode = run.calls.mode()
+        slots = [Slot(run.state.turn, index) for index in range(len(calls))]
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
         barrier: tuple[int, ToolCall, ToolKind, Prepared] | None = None
         before = None  # [lovia semantics] concurrent[:before] run before the barrier
-        gates = self.approvals.gates(agent, calls, lambda call: self._approval_hint(table, call))
+        gates = self._gates(agent, table, calls, slots, mode)
         for index, call in enumerate(calls):
-            kind = table.kinds.get(call.name)
+            kind = self._kind(agent, table, call, slots[index], mode, routes or {})
             data: dict[str, Any] = {
                 "call_id": call.id,
                 "name": call.name,
@@ -193,7 +140,7 @@ class ToolPath:
                 results[index] = run.tool_message(call, problem, is_error=True)
                 continue
             if kind is not None and kind.barrier:
-                outcome = self._preflight_barrier(agent, kind, call, barrier)
+                outcome = self._preflight_barrier(agent, table, kind, call, slots[index], barrier)
                 if isinstance(outcome, Message):
                     results[index] = outcome
                 else:
@@ -202,7 +149,9 @@ class ToolPath:
                         before = len(concurrent)
                 continue
             wait_for, decided = gates[index]
-            concurrent.append((index, self._gated(agent, table, kind, call, wait_for, decided)))
+            concurrent.append(
+                (index, self._gated(agent, table, kind, call, slots[index], wait_for, decided))
+            )
         # [lovia semantics] request order: the calls before the handoff, then the handoff alone
         # (a barrier), then the calls after it; runs recorded before run the handoff last.
         earlier = concurrent[:before] if before is not None else concurrent
@@ -213,7 +162,7 @@ class ToolPath:
         switch = None
         if barrier is not None:
             index, call, kind, prepared = barrier
-            results[index], switch = await self._run_prepared(agent, kind, prepared)
+            results[index], switch = await self._run_prepared(agent, kind, prepared, slots[index])
         outcomes = await asyncio.gather(*(coro for _, coro in later))
         for (index, _), outcome in zip(later, outcomes, strict=True):
             results[index] = outcome
@@ -232,55 +181,82 @@ class ToolPath:
             )
         return done, switch
 
+    # --- deciding each call (recorded: relaykit.workflows.call_record) --------------------------
+
+    def _kind(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        call: ToolCall,
+        slot: Slot,
+        mode: Mode,
+        routes: dict[str, str],
+    ) -> ToolKind | None:
+        """The kind that answers ``call``: today's, or on replay the one the run called then.
+        An unknown tool is refused here, before any command of the turn, and recorded so."""
+        record = self.run.calls
+        kind = table.kinds.get(call.name)
+        if mode == "replay":
+            if record.unknown(slot):  # unknown then (today's code may define it)
+                return None
+            if kind is None:  # known then, gone now: the kind it was
+                kind = stand_in(
+                    self.run, self.approvals, self.tasks, self.child_ids, agent, call, routes
+                )
+        elif mode == "live" and kind is None:
+            record.record_unknown(slot)
+        return kind
+
+    def _gates(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        calls: list[ToolCall],
+        slots: list[Slot],
+        mode: Mode,
+    ) -> list[Gate]:
+        """The approval order of the turn's calls: decided on the live path (and recorded for
+        each call later ones wait for), read back on replay."""
+        record = self.run.calls
+        if mode == "replay":
+            wanted = [record.gated(slot) for slot in slots]
+            in_order = True
+        else:
+            wanted = [self._approval_hint(table, call) for call in calls]
+            in_order = agent.approval_order == "request_order"
+        gates = self.approvals.gates(calls, wanted, in_order)
+        if mode == "live":
+            for slot, (_, decided) in zip(slots, gates, strict=True):
+                if decided is not None:
+                    record.record_gated(slot)
+        return gates
+
     def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
         kind = table.kinds.get(call.name)
         return kind is not None and not kind.barrier and kind.approval_hint(call)
 
-    def _preflight_barrier(
-        self,
-        agent: Agent,
-        kind: ToolKind,
-        call: ToolCall,
-        first: tuple[int, ToolCall, ToolKind, Prepared] | None,
+    def _admit(
+        self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall, slot: Slot
     ) -> Prepared | Message:
+        """Unknown tool, loop guard, the kind's own argument check: the call to run, or the
+        result the model reads instead. Live, a refusal is recorded; on replay the recorded
+        decision stands, whatever today's definitions say."""
         run = self.run
-        repeated = check_repeat(
-            run.state, call, agent.max_repeated_calls, kind.guard_patch
-        )  # loop guard
-        if repeated is not None:
-            return run.tool_message(call, repeated)
-        prepared = kind.prepare(call)
-        if isinstance(prepared, ToolResult):  # invalid: no switch, the model reads why
-            return run.tool_message(call, prepared.content, is_error=prepared.is_error)
-        if first is None:
-            return prepared
-        return run.tool_message(
-            call,
-            "Rejected: only the first handoff of a turn runs; the conversation is "
-            f"already being handed over by {first[1].name}.",
-            is_error=True,
-        )
+        mode = run.calls.mode()
+        if mode == "replay" and kind is not None and not run.calls.refused(slot):  # it ran
+            check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch, ran=True)
+            return kind.replayed(call)
+        verdict = self._check(agent, table, kind, call)
+        if mode == "live" and isinstance(verdict, Message) and kind is not None:
+            run.calls.record_refused(slot)  # (an unknown tool is recorded by _kind)
+        if mode == "replay" and not isinstance(verdict, Message):  # refused then, not today
+            return run.tool_message(call, REFUSED_ON_REPLAY, is_error=True)
+        return verdict
 
-    async def _gated(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        kind: ToolKind | None,
-        call: ToolCall,
-        wait_for: asyncio.Event | None,
-        decided: asyncio.Event | None,
-    ) -> Message:
-        try:
-            if wait_for is not None:
-                await wait_for.wait()
-            return await self._run_one(agent, table, kind, call)
-        finally:
-            self.approvals.release(call, decided)
-
-    async def _run_one(
+    def _check(
         self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall
-    ) -> Message:
+    ) -> Prepared | Message:
         run = self.run
         if kind is None:
             known = ", ".join(spec.name for spec in table.specs) or "none"
@@ -295,14 +271,74 @@ class ToolPath:
         prepared = kind.prepare(call)
         if isinstance(prepared, ToolResult):
             return run.tool_message(call, prepared.content, is_error=prepared.is_error)
-        message, _ = await self._run_prepared(agent, kind, prepared)
-        return message
+        refused = kind.refusal(prepared)
+        if refused is not None:
+            return run.tool_message(call, refused.content, is_error=refused.is_error)
+        return prepared
+
+    def _needs_approval(self, prepared: Prepared, slot: Slot) -> bool:
+        """Decided once, when the call is first made, and recorded: turning ``needs_approval``
+        on or off changes only later calls."""
+        record = self.run.calls
+        mode = record.mode()
+        if mode == "replay":
+            return record.asked(slot)
+        if mode == "live" and prepared.needs_approval:
+            record.record_asked(slot)
+        return prepared.needs_approval
+
+    # --- running them ---------------------------------------------------------------------------
+
+    def _preflight_barrier(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        kind: ToolKind,
+        call: ToolCall,
+        slot: Slot,
+        first: tuple[int, ToolCall, ToolKind, Prepared] | None,
+    ) -> Prepared | Message:
+        run = self.run
+        admitted = self._admit(agent, table, kind, call, slot)
+        if isinstance(admitted, Message) or first is None:
+            return admitted
+        # a second handoff of the turn: refused (and recorded, as every refusal)
+        if run.calls.mode() == "live":
+            run.calls.record_refused(slot)
+        return run.tool_message(
+            call,
+            "Rejected: only the first handoff of a turn runs; the conversation is "
+            f"already being handed over by {first[1].name}.",
+            is_error=True,
+        )
+
+    async def _gated(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        kind: ToolKind | None,
+        call: ToolCall,
+        slot: Slot,
+        wait_for: asyncio.Event | None,
+        decided: asyncio.Event | None,
+    ) -> Message:
+        try:
+            if wait_for is not None:
+                await wait_for.wait()
+            admitted = self._admit(agent, table, kind, call, slot)
+            if isinstance(admitted, Message):
+                return admitted
+            assert kind is not None
+            message, _ = await self._run_prepared(agent, kind, admitted, slot)
+            return message
+        finally:
+            self.approvals.release(call, decided)
 
     async def _run_prepared(
-        self, agent: Agent, kind: ToolKind, prepared: Prepared
+        self, agent: Agent, kind: ToolKind, prepared: Prepared, slot: Slot
     ) -> tuple[Message, tuple[Handoff, str | None] | None]:
         run, call = self.run, prepared.call
-        if prepared.needs_approval:
+        if self._needs_approval(prepared, slot):
             refusal = await self.approvals.decide(agent, kind, call)
             if refusal is not None:
                 return run.tool_message(call, refusal.content, is_error=refusal.is_error), None

@@ -1,0 +1,161 @@
+"""What the live path decided about each tool call, read back when the run is replayed.
+
+Whether a call runs depends on the agent definitions of the worker that first decided it: is
+there a tool of that name, do the arguments fit its schema, does the loop guard refuse it, does
+it need a person's approval, does its kind accept it (a subagent of that name). A worker with
+edited definitions can decide otherwise. If it did so while replaying, it would issue other
+commands than the history holds, and the run would fail its workflow task forever
+(non-determinism). So a decision is made once, on the live path, and replay reads it back:
+
+- a call that issued no command (an error result the model reads instead) is recorded as
+  **refused**, and one that waited for a person as **asked**, each by a patch marker named after
+  the call's turn and position (``relaykit.call.<turn>.<position>.refused``). Both are the rare
+  paths: the common call, which simply ran, costs no history event;
+- on replay, a call without a marker *ran*, whatever today's checks say: it runs again as the
+  kind of tool it was when the model was offered it, read from the model call's recorded result
+  (``ModelResponse.routes``, see :func:`stand_in`), so a renamed or removed tool replays as its
+  recorded activity;
+- an agent a run switched to that today's code no longer defines is replayed with a stand-in
+  agent (:func:`stand_in_agent`); at its next live turn the run fails with ``UnknownAgent``.
+
+Runs started before this was recorded (``RunSetup.recorded_calls`` is ``False``) decide from
+today's definitions, as they always did.
+
+Workflow code: deterministic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from temporalio import workflow
+
+from relaykit.agent import Agent, AgentTool, Handoff
+from relaykit.messages import ToolCall
+
+PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
+"""``RunSetup.recorded_calls``: call decisions are recorded and replayed (compatibility data)."""
+
+Mode = Literal["today", "live", "replay"]
+"""How a call is decided: from today's definitions without recording (runs started before),
+on the live path and recorded, or read back from what was recorded."""
+
+REFUSED_ON_REPLAY = (
+    "The call was not run: it was refused when it was made (the tool did not exist, its "
+    "arguments were invalid, or it repeated an earlier call)."
+)
+"""The result of a call recorded as refused that today's checks would accept (its original
+error text is in the transcript the model saw, not in history)."""
+
+
+def recorded_calls() -> dict[str, bool]:
+    """The ``RunSetup`` field, for a run's first workflow task: ``True`` for a new run (a marker
+    is written), ``False`` when replaying a run recorded before."""
+    return {"recorded_calls": workflow.patched(PATCH_RECORDED_CALLS)}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a call sits: its turn and its position in that turn's message."""
+
+    turn: int
+    position: int
+
+    def marker(self, outcome: str) -> str:
+        return f"relaykit.call.{self.turn}.{self.position}.{outcome}"
+
+
+class CallRecord:
+    """The recorded decisions of one run's calls."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def mode(self) -> Mode:
+        """Asked at the moment of each decision: a workflow task is replayed or live as a whole."""
+        if not self.enabled:
+            return "today"
+        return "replay" if workflow.unsafe.is_replaying() else "live"
+
+    def unknown(self, slot: Slot) -> bool:
+        """Replay: whether the call named a tool the agent did not have when it was made."""
+        return workflow.patched(slot.marker("unknown"))
+
+    def record_unknown(self, slot: Slot) -> None:
+        workflow.patched(slot.marker("unknown"))
+
+    def refused(self, slot: Slot) -> bool:
+        """Replay: whether the call was refused when it was made."""
+        return workflow.patched(slot.marker("refused"))
+
+    def record_refused(self, slot: Slot) -> None:
+        workflow.patched(slot.marker("refused"))
+
+    def asked(self, slot: Slot) -> bool:
+        """Replay: whether the call waited for a person when it was made."""
+        return workflow.patched(slot.marker("asked"))
+
+    def record_asked(self, slot: Slot) -> None:
+        workflow.patched(slot.marker("asked"))
+
+    def gated(self, slot: Slot) -> bool:
+        """Replay: whether later calls of the turn waited for this call's approval decision."""
+        return workflow.patched(slot.marker("gates"))
+
+    def record_gated(self, slot: Slot) -> None:
+        workflow.patched(slot.marker("gates"))
+
+
+# --- what a call ran as, when today's code no longer knows its tool ----------------------------
+
+ROUTE_HANDOFF = "handoff"
+ROUTE_AGENT = "agent"
+ROUTE_SUBAGENTS = "subagents"
+
+
+def route(kind: str, *parts: str) -> str:
+    """A tool's route as the model call's result records it: ``handoff:<target>[:callback]``,
+    ``agent:<agent>``, ``subagents``; function tools have none (their activity is named after
+    the tool), nor have MCP tools (their listing is recorded: they replay as listed)."""
+    return ":".join([kind, *parts])
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str
+    target: str = ""
+    callback: bool = False
+
+
+def parse_route(text: str | None) -> Route:
+    """``None`` (or anything unreadable) is a function tool: an activity named like the call."""
+    if not text:
+        return Route("function")
+    kind, _, rest = text.partition(":")
+    if kind == ROUTE_HANDOFF:
+        target, _, flag = rest.partition(":")
+        return Route(kind, target, flag == "callback")
+    return Route(kind, rest)
+
+
+def stand_in_agent(name: str) -> Agent:
+    """An agent today's code no longer defines, as replay needs it: its name (the commands it
+    issued are matched by type, not by content), no tools of its own."""
+    return Agent(name=name, instructions="")
+
+
+def _no_callback(*_: object) -> None:
+    """A stand-in's ``on_handoff``: never called (its recorded activity's result is replayed)."""
+
+
+def stand_in_handoff(call: ToolCall, found: Route) -> Handoff:
+    return Handoff(
+        target=stand_in_agent(found.target),
+        name=call.name,
+        on_handoff=_no_callback if found.callback else None,
+    )
+
+
+def stand_in_agent_tool(call: ToolCall, agent: str) -> AgentTool:
+    return AgentTool(agent=stand_in_agent(agent), name=call.name, description="")
