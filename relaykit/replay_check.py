@@ -145,10 +145,10 @@ async def _replay_one(
         return ReplayOutcome(
             history.workflow_id, item.run_id, "failed", "the history has no start event"
         )
-    agent = await _agent_of(client, started)
-    if agent is not None and agent not in graph.agents:
+    agents = await _agents_of(client, started)
+    if agents and not any(agent in graph.agents for agent in agents):
         return ReplayOutcome(
-            history.workflow_id, item.run_id, "skipped", f"agent {agent!r} is not defined here"
+            history.workflow_id, item.run_id, "skipped", f"agent {agents[0]!r} is not defined here"
         )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     if result.replay_failure is None:
@@ -157,17 +157,19 @@ async def _replay_one(
     return ReplayOutcome(history.workflow_id, item.run_id, "failed", detail)
 
 
-async def _agent_of(client: Client, started: object) -> str | None:
-    """The run's agent from its start input, or ``None`` when the input cannot be read (the
-    replay then says what is wrong)."""
+async def _agents_of(client: Client, started: object) -> list[str]:
+    """The run's agents from its start input: the one it started with and, for a run that
+    continued as new, the one it had then (empty when the input cannot be read: the replay
+    then says what is wrong). A run is another module's when MODULE defines neither; one whose
+    current agent MODULE no longer defines replays (the turn loop stands in for it)."""
     payloads = list(started.input.payloads)  # type: ignore[attr-defined]
     if not payloads:
-        return None
+        return []
     try:
         (value,) = await client.data_converter.decode(payloads[:1], [RunInput])
     except Exception:  # noqa: BLE001 - a malformed input is the replay's to report
-        return None
-    if isinstance(value, RunInput):
-        agent = value.state.agent if value.state is not None else value.agent
-        return agent if isinstance(agent, str) else None
-    return None
+        return []
+    if not isinstance(value, RunInput):
+        return []
+    agents = [value.agent, *([value.state.agent] if value.state is not None else [])]
+    return [agent for agent in agents if isinstance(agent, str) and agent]

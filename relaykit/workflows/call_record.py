@@ -33,6 +33,7 @@ from temporalio import workflow
 
 from relaykit.agent import Agent, AgentTool, Handoff
 from relaykit.messages import ToolCall
+from relaykit.models.spec import ModelSpec
 
 PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
 """``RunSetup.recorded_calls``: call decisions are recorded and replayed (compatibility data)."""
@@ -141,8 +142,8 @@ def parse_route(text: str | None) -> Route:
 
 def stand_in_agent(name: str) -> Agent:
     """An agent today's code no longer defines, as replay needs it: its name (the commands it
-    issued are matched by type, not by content), no tools of its own."""
-    return Agent(name=name, instructions="")
+    issued are matched by type, not by content), no tools of its own, a model never called."""
+    return Agent(name=name, instructions="", model=ModelSpec(name="stand-in"))
 
 
 def _no_callback(*_: object) -> None:

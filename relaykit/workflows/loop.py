@@ -135,8 +135,7 @@ class TurnLoop:
                     f"the run reached max_turns={self.input.max_turns} without a final answer",
                     errors.MAX_TURNS_EXCEEDED,
                 )
-            if run.agent_is_gone():  # switched to under earlier code: replayed, now it ends
-                run.fail_unknown_agent()
+            run.end_if_agent_gone()  # switched to under earlier code: replayed, now it ends
             state.turn += 1
             self._turns_this_run += 1
             agent = self.current_agent
@@ -148,6 +147,7 @@ class TurnLoop:
                     state.turn -= 1
                     self._turns_this_run -= 1
                     continue
+            run.end_if_agent_gone()  # what it answered would be decided by today's code
             message = response.message.model_copy(update={"agent": agent.name})
             calls, message, corrected = self.tools.check(message)
             state.transcript.append(message)

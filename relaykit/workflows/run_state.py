@@ -66,7 +66,7 @@ class Run:
     def current_agent(self) -> Agent:
         """The agent whose turn it is. One today's code no longer defines (the run switched to it
         under earlier code) is a stand-in while the run replays; the turn loop fails the run
-        with ``UnknownAgent`` before its next live turn (:meth:`agent_is_gone`)."""
+        with ``UnknownAgent`` before its next live turn (:meth:`end_if_agent_gone`)."""
         agent = self.graph.agents.get(self.state.agent)
         if agent is None:
             agent = self._stand_ins.get(self.state.agent)
@@ -74,12 +74,12 @@ class Run:
                 agent = self._stand_ins[self.state.agent] = stand_in_agent(self.state.agent)
         return agent
 
-    def agent_is_gone(self) -> bool:
-        """Whether the current agent is not defined by today's code and the run is about to
-        decide something new with it (never while replaying what it already did)."""
-        return self.state.agent not in self.graph.agents and not workflow.unsafe.is_replaying()
-
-    def fail_unknown_agent(self) -> NoReturn:
+    def end_if_agent_gone(self) -> None:
+        """Fail the run with ``UnknownAgent`` when the current agent is not defined by today's
+        code and the run is about to decide something new with it (never while replaying what
+        it already did)."""
+        if self.state.agent in self.graph.agents or workflow.unsafe.is_replaying():
+            return
         self.fail(
             f"agent {self.state.agent!r} is not defined by this worker's code (the run switched "
             "to it under earlier code); this worker serves: "
