@@ -7,10 +7,15 @@ edited definitions can decide otherwise. If it did so while replaying, it would 
 commands than the history holds, and the run would fail its workflow task forever
 (non-determinism). So a decision is made once, on the live path, and replay reads it back:
 
-- a call that issued no command (an error result the model reads instead) is recorded as
-  **refused**, and one that waited for a person as **asked**, each by a patch marker named after
-  the call's turn and position (``relaykit.call.<turn>.<position>.refused``). Both are the rare
-  paths: the common call, which simply ran, costs no history event;
+- a call of a tool the agent did not have is recorded as **unknown**, one refused otherwise
+  (loop guard, arguments, its kind's own check) as **refused**, and one that is to wait for a
+  person as **asked**, each by a patch marker named after the call's turn and position
+  (``relaykit.call.<turn>.<position>.refused``). These are the rare paths: the common call,
+  which simply ran, costs no history event. (Temporal adds each patch id to the run's
+  ``TemporalChangeVersion`` search attribute, with an upsert event, until that attribute reaches
+  its size limit; after that the SDK skips the upsert and logs a warning.) A replay asks for
+  each marker at the point where the live path wrote it, since markers must come back in the
+  order they were written;
 - on replay, a call without a marker *ran*, whatever today's checks say: it runs again as the
   kind of tool it was when the model was offered it, read from the model call's recorded result
   (``ModelResponse.routes``, see :func:`stand_in`), so a renamed or removed tool replays as its
@@ -94,18 +99,12 @@ class CallRecord:
         workflow.patched(slot.marker("refused"))
 
     def asked(self, slot: Slot) -> bool:
-        """Replay: whether the call waited for a person when it was made."""
+        """Replay: whether the call was to wait for a person when it was made (decided before
+        the turn's calls start: later calls of the turn may wait for its decision)."""
         return workflow.patched(slot.marker("asked"))
 
     def record_asked(self, slot: Slot) -> None:
         workflow.patched(slot.marker("asked"))
-
-    def gated(self, slot: Slot) -> bool:
-        """Replay: whether later calls of the turn waited for this call's approval decision."""
-        return workflow.patched(slot.marker("gates"))
-
-    def record_gated(self, slot: Slot) -> None:
-        workflow.patched(slot.marker("gates"))
 
 
 # --- what a call ran as, when today's code no longer knows its tool ----------------------------

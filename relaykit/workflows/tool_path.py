@@ -60,6 +60,8 @@ class ToolPath:
         self.child_ids = ChildIds(run)
         self._tools: dict[str, AgentTools] = {}
         self._argument_problems: dict[str, str | None] = {}
+        self._asks: dict[Slot, bool] = {}
+        """This turn's calls that wait for a person (decided by :meth:`_gates`)."""
 
     # --- what an agent may call -----------------------------------------------------------------
 
@@ -215,21 +217,20 @@ class ToolPath:
         slots: list[Slot],
         mode: Mode,
     ) -> list[Gate]:
-        """The approval order of the turn's calls: decided on the live path (and recorded for
-        each call later ones wait for), read back on replay."""
+        """Which calls will wait for a person, and the order of the turn's calls around them:
+        decided on the live path before any call starts (and recorded for each call that
+        waits), read back on replay."""
         record = self.run.calls
         if mode == "replay":
-            wanted = [record.gated(slot) for slot in slots]
-            in_order = True
+            wanted = [record.asked(slot) for slot in slots]
         else:
             wanted = [self._approval_hint(table, call) for call in calls]
-            in_order = agent.approval_order == "request_order"
-        gates = self.approvals.gates(calls, wanted, in_order)
         if mode == "live":
-            for slot, (_, decided) in zip(slots, gates, strict=True):
-                if decided is not None:
-                    record.record_gated(slot)
-        return gates
+            for slot, needed in zip(slots, wanted, strict=True):
+                if needed:
+                    record.record_asked(slot)
+        self._asks = dict(zip(slots, wanted, strict=True))
+        return self.approvals.gates(calls, wanted, agent.approval_order == "request_order")
 
     def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
@@ -277,15 +278,11 @@ class ToolPath:
         return prepared
 
     def _needs_approval(self, prepared: Prepared, slot: Slot) -> bool:
-        """Decided once, when the call is first made, and recorded: turning ``needs_approval``
-        on or off changes only later calls."""
-        record = self.run.calls
-        mode = record.mode()
-        if mode == "replay":
-            return record.asked(slot)
-        if mode == "live" and prepared.needs_approval:
-            record.record_asked(slot)
-        return prepared.needs_approval
+        """Decided once, before the turn's calls start (:meth:`_gates`), and recorded: turning
+        ``needs_approval`` on or off changes only later calls."""
+        if self.run.calls.mode() == "today":  # a run from before decisions were recorded
+            return prepared.needs_approval
+        return self._asks.get(slot, False)
 
     # --- running them ---------------------------------------------------------------------------
 
