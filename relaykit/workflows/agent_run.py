@@ -203,8 +203,7 @@ class AgentRun:
     @workflow.update
     def send_message(self, text: str) -> int:
         """Queue a user message for the next turn boundary; returns its place in the queue."""
-        self._loop.state.mailbox.append(text)
-        return len(self._loop.state.mailbox)
+        return self._loop.run_state.queue_message(text)
 
     @send_message.validator
     def _validate_send_message(self, text: str) -> None:
@@ -216,19 +215,19 @@ class AgentRun:
     @workflow.signal(name="send_message_signal")
     def send_message_signal(self, text: str) -> None:
         if isinstance(text, str) and text.strip():
-            self._loop.state.mailbox.append(text)
+            self._loop.run_state.queue_message(text)
 
     @workflow.signal
     def pause(self) -> None:
         """Stop at the next turn boundary (no model call starts while paused)."""
-        self._loop.state.paused = True
+        self._loop.run_state.set_paused(True)
 
     @workflow.signal
     def resume(self, text: str | None = None) -> None:
         """Continue a paused run, optionally with a message for the model."""
         if text:
-            self._loop.state.mailbox.append(text)
-        self._loop.state.paused = False
+            self._loop.run_state.queue_message(text)
+        self._loop.run_state.set_paused(False)
 
 
 def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:

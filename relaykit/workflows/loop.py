@@ -207,8 +207,7 @@ class TurnLoop:
             await workflow.wait_condition(lambda: not state.paused)
             run.set_status("running")
             run.emit("resumed", {})
-        while state.mailbox:
-            text = state.mailbox.pop(0)
+        for text in run.take_messages():
             state.transcript.append(Message.user(text))
             run.emit("message_injected", {"text": text})
         state.transcript.extend(self.tasks.deliver_reports())
@@ -235,7 +234,7 @@ class TurnLoop:
     def steer(self, text: str) -> bool:
         """Queue ``text`` for the next model call and cancel the call in flight, if any (its
         answer is dropped and it does not count as a turn); returns whether one was cancelled."""
-        self.state.mailbox.append(text)
+        self.run_state.queue_message(text)
         cancelled = self.model_calls.steer()
         self.run_state.emit("steered", {"text": text, "cancelled_call": cancelled})
         return cancelled

@@ -9,7 +9,8 @@ ends the run (:meth:`Run.fail`).
 
 Direction of data: :mod:`relaykit.workflows.loop` drives the run and is the only module that
 decides (turn, switch, finish); the tool path, approvals, handoffs, child runs, MCP and long runs
-receive the :class:`Run` they work on and return an outcome. None of them imports the loop, and
+receive the :class:`Run` they work on and return an outcome. Each part of the state has one
+writer (:data:`STATE_WRITERS`). None of them imports the loop, and
 this module imports no other module of :mod:`relaykit.workflows` but the transcript seam.
 
 Workflow code: deterministic, no I/O.
@@ -38,6 +39,41 @@ from relaykit.workflows.semantics import recorded_semantics, recorded_tool_effec
 PATCH_RUN_SETUP = "relaykit.run-setup"
 PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
 PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
+STATE_WRITERS: dict[str, str] = {
+    # the turn: what the run is doing now
+    "agent": "loop",
+    "turn": "loop",
+    "transcript": "loop",
+    "transcript_offset": "loop",
+    "task": "loop",
+    "output_retries": "loop",
+    "run_path": "loop",
+    # what everyone shares, through Run's methods
+    "events": "run_state",
+    "event_offset": "run_state",
+    "status": "run_state",
+    "usage": "run_state",
+    "setup": "run_state",
+    "mailbox": "run_state",
+    "paused": "run_state",
+    # one mechanism each
+    "pending_approvals": "approvals",
+    "decisions": "approvals",
+    "tasks": "subagent_tasks",
+    "report_queue": "subagent_tasks",
+    "tasks_started": "subagent_tasks",
+    "agent_tools_started": "agent_tools",
+    "repeats": "loop_guard",
+    "context_ref": "context",
+    "context_ref_count": "context",
+    "static_refs": "context",
+    "runs": "long_runs",
+}
+"""Each part of :class:`relaykit.runs.RunState` and the one module of ``relaykit.workflows`` that
+writes it (``tests/test_state_writers.py`` reads the code to hold every module to it). The others
+read it, or ask its writer. ``long_runs`` writes the copy a continue-as-new carries, never the
+running state."""
+
 MAX_EVENTS_KEPT = 2_000
 EVENTS_KEPT_ACROSS_RUNS = 200
 
@@ -175,6 +211,22 @@ class Run:
         return Message.tool_result(call, content, is_error=is_error).model_copy(
             update={"agent": self.state.agent}
         )
+
+    # --- what people send: messages and pauses (the workflow's signal and update handlers) ------
+
+    def queue_message(self, text: str) -> int:
+        """A user message for the next turn boundary; returns its place in the queue."""
+        self.state.mailbox.append(text)
+        return len(self.state.mailbox)
+
+    def take_messages(self) -> list[str]:
+        """At a turn boundary: the queued messages, in the order they came."""
+        taken = list(self.state.mailbox)
+        self.state.mailbox.clear()
+        return taken
+
+    def set_paused(self, paused: bool) -> None:
+        self.state.paused = paused
 
     # --- usage, budget, failure -----------------------------------------------------------------
 

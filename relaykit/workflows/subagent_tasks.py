@@ -141,6 +141,33 @@ class SubagentTasks:
             return capability.instructions
         return DETACHED_INSTRUCTIONS if capability.detached else DEFAULT_INSTRUCTIONS
 
+    # --- the tasks' part of the run state: written here only -------------------------------------
+
+    def open_task(self, agent: str, prompt: str) -> SubagentTask:
+        """A new task, registered before its child starts: spawns of the same turn run
+        concurrently and each must see the others when checking ``max_concurrent``."""
+        state = self.state
+        state.tasks_started += 1
+        task_id = f"task-{state.tasks_started}"
+        task = SubagentTask(
+            id=task_id,
+            agent=agent,
+            workflow_id=f"{workflow.info().workflow_id}/{task_id}",
+            prompt=prompt[:200],
+            started_at=workflow.now(),
+        )
+        state.tasks[task_id] = task
+        return task
+
+    def drop(self, task: SubagentTask) -> None:
+        """A task whose child could not start."""
+        del self.state.tasks[task.id]
+
+    def hand_over(self, task: SubagentTask) -> None:
+        """A detached task: its report is delivered elsewhere, not ours to track any more."""
+        task.status = "finished"
+        task.delivered = True
+
     def running(self) -> list[SubagentTask]:
         return [t for t in self.state.tasks.values() if t.status == "running"]
 

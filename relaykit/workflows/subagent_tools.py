@@ -152,31 +152,19 @@ class SubagentTool(ToolKind):
         """Checked by :meth:`refusal` first; a spawn replayed as recorded may name an agent that
         today's code no longer lists, and starts as it did then."""
         run, tasks, capability = self.run, self.tasks, self.capability
-        state = run.state
         prompt = args.prompt
         name, target = self._target(args)
         if target is None:  # recorded as started, its agent gone (else refused: see refusal)
             target = stand_in_agent(name)
+        task = tasks.open_task(target.name, prompt)
+        task_id, child_id = task.id, task.workflow_id
         info = workflow.info()
-        state.tasks_started += 1
-        task_id = f"task-{state.tasks_started}"
-        child_id = f"{info.workflow_id}/{task_id}"
-        # Registered before the start is awaited: spawns of the same turn run concurrently and
-        # each must see the others when checking max_concurrent.
-        task = SubagentTask(
-            id=task_id,
-            agent=target.name,
-            workflow_id=child_id,
-            prompt=prompt[:200],
-            started_at=workflow.now(),
-        )
-        state.tasks[task_id] = task
         target_wf = capability.deliver_to_workflow if capability.detached else info.workflow_id
         try:
             handle = await self._start_task(target, task, prompt, target_wf)
         except WorkflowAlreadyStartedError:
             # e.g. a run id reused while an abandoned task of its earlier run still runs
-            del state.tasks[task_id]
+            tasks.drop(task)
             return ToolResult(
                 f"Could not start the task: a run with id {child_id} is already running.",
                 is_error=True,
@@ -187,8 +175,7 @@ class SubagentTool(ToolKind):
         tasks.handles[task_id] = handle
         run.emit("subagent_started", {"id": task_id, "agent": target.name, "workflow_id": child_id})
         if capability.detached:
-            task.status = "finished"  # not ours to track any more
-            task.delivered = True
+            tasks.hand_over(task)
         return ToolResult(json.dumps({"id": task_id, "agent": target.name, "status": "running"}))
 
     async def _start_task(
