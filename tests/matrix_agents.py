@@ -17,6 +17,8 @@ v1 → v2, by shape:
 - ``approval_off``: ``payout`` stops needing approval;
 - ``limits``: ``max_repeated_calls`` goes from 3 to 1;
 - ``subagent``: the subagent ``matrix_sub_worker`` is removed (``matrix_sub_other`` stays);
+- ``timeout``: ``grant`` (waiting for a person) gets an ``approval_timeout``;
+- ``answer``: the output type (which rejected the answer, so a repair is under way) is dropped;
 - ``inflight``: ``slow_fetch`` is removed while a call of it runs;
 - ``inflight_approval``: ``slow_refund`` starts needing approval while a call of it runs.
 """
@@ -28,6 +30,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from pydantic import BaseModel
 from temporalio import activity
 from temporalio.common import RetryPolicy
 
@@ -88,6 +91,10 @@ def _slow(name: str, version: str, **options: object) -> Tool:
     return made
 
 
+class Answer(BaseModel):
+    n: int
+
+
 def build(version: str) -> dict[str, Agent]:
     """Every agent of the matrix as ``version`` defines it, by name."""
     v2 = version == "2"
@@ -130,6 +137,19 @@ def build(version: str) -> dict[str, Agent]:
         "approval_off",
         tools=[_simple("payout", version, effect="write", needs_approval=not v2)],
     )
+    agent(
+        "timeout",
+        tools=[
+            _simple(
+                "grant",
+                version,
+                effect="write",
+                needs_approval=True,
+                approval_timeout=timedelta(hours=1) if v2 else None,
+            )
+        ],
+    )
+    agent("answer", output_type=None if v2 else Answer)
     agent("limits", tools=[_simple("probe", version)], max_repeated_calls=1 if v2 else 3)
     other = agent("sub_other")
     worker = None if v2 else agent("sub_worker", tools=[_simple("dig", version)])

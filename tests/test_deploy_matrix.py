@@ -160,6 +160,7 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
 ) -> None:
     holds = {name: threading.Event() for name in ("renamed", "removed", "edits", "handoff")}
     holds.update({name: threading.Event() for name in ("chain", "approval_on", "limits")})
+    holds["answer"] = threading.Event()
     worker_hold = threading.Event()
     desk_call = "transfer_to_matrix_handoff_desk"
     shapes = {
@@ -204,6 +205,8 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
                     text("done"),
                 ],
             ),
+            Shape("timeout", [call("grant", q="1"), text("done")]),
+            Shape("answer", [text("not json", hold=holds["answer"]), text("plain answer")]),
             Shape(
                 "subagent",
                 [
@@ -225,6 +228,7 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
         park(rig, shapes["chain"], holds["chain"], 2),
         park(rig, shapes["approval_on"], holds["approval_on"], 1),
         park(rig, shapes["limits"], holds["limits"], 2),
+        park(rig, shapes["answer"], holds["answer"], 1),
     )
     off = shapes["approval_off"].handle
     assert off is not None
@@ -234,6 +238,9 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
         return len(await approvals_requested(off)) == 2
 
     await eventually(second_payout_waits, "payout 2 to wait for approval", timeout=START_AND_FINISH)
+    timed = shapes["timeout"].handle
+    assert timed is not None
+    await until(timed, "waiting_approval", "grant to wait for approval")
     sub = shapes["subagent"].handle
     assert sub is not None
     await wait_requests(rig.model_server, model(rig, "sub_worker"), 1)  # the task's call, held
@@ -246,7 +253,16 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
     worker_hold.set()  # v1 finishes the task's model call in flight, then exits
     assert await asyncio.to_thread(v1.wait, 60) == 0
 
-    for name in ("renamed", "removed", "edits", "handoff", "chain", "approval_on", "limits"):
+    for name in (
+        "renamed",
+        "removed",
+        "edits",
+        "handoff",
+        "chain",
+        "approval_on",
+        "limits",
+        "answer",
+    ):
         handle = shapes[name].handle
         assert handle is not None
         await handle.resume()
@@ -254,6 +270,7 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
     assert on is not None
     await approve_next(on, "refund")  # refund 2: v2 asks for it
     await approve_next(off, "payout")  # payout 2: asked under v1, still waiting: it runs
+    await approve_next(timed, "grant")  # waited without a time limit; v2's limit is for later calls
 
     results = {}
     for name in (
@@ -264,6 +281,8 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
         "approval_off",
         "limits",
         "subagent",
+        "timeout",
+        "answer",
     ):
         results[name] = await ended(shapes[name])
     failures: dict[str, RunFailed] = {}
@@ -299,6 +318,14 @@ async def test_every_definition_change_of_the_matrix_survives_a_deploy_with_runs
     # needs_approval off: the waiting call stayed asked for; the later one ran unasked
     assert await approvals_requested(off) == ["payout", "payout"]
     assert tool_results(results["approval_off"].transcript) == ["payout 1", "payout 2", "payout 3"]
+    # approval_timeout added while the call waited: it waited on, without a timer, and ran
+    assert tool_results(results["timeout"].transcript) == ["grant 1"]
+    assert calls["grant v2 1"] == 1
+    # the output type dropped while its rejection was being repaired: the repair stands
+    assert results["answer"].output == "plain answer"
+    repaired = rig.model_server.requests(model(rig, "answer"))[-1]
+    assert "did not match the required JSON schema" in json.dumps(repaired.messages)
+    assert rig.model_server.request_count(model(rig, "answer")) == 2
     # limits lowered: the two recorded runs stand; the third, live, meets v2's limit
     assert calls["probe v1 a"] == 2 and calls["probe v2 a"] == 0
     assert "already ran 2 times" in tool_results(results["limits"].transcript)[-1]
@@ -362,9 +389,9 @@ def test_the_recorded_matrix_histories_replay_with_either_version(
     # The runs as this release left them at the deploy point, replayed by the deploy gate with
     # the definitions before and after the changes: both must replay, so must the next release.
     files = sorted(HISTORIES.glob("*.json"))
-    assert len(files) == 11, [f.name for f in files]
+    assert len(files) == 13, [f.name for f in files]
     done = relaykit_cli(
         rig, "replay-check", MODULE, "--histories", str(HISTORIES), MATRIX_VERSION=version
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "replayed 11, failed 0, skipped 0"
+    assert done.stdout.strip().splitlines()[-1] == "replayed 13, failed 0, skipped 0"

@@ -15,6 +15,7 @@ Workflow code: deterministic, no I/O.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio import workflow
 
@@ -72,10 +73,13 @@ class Approvals:
 
     # --- deciding -------------------------------------------------------------------------------
 
-    async def decide(self, agent: Agent, kind: ToolKind, call: ToolCall) -> ToolResult | None:
-        """Wait for a person's decision on ``call``; ``None`` to go ahead, else the error result
-        the model reads. Later calls of the turn may start as soon as it is decided."""
-        decision = await self._await(agent, kind, call)
+    async def decide(
+        self, agent: Agent, kind: ToolKind, call: ToolCall, timeout: timedelta | None
+    ) -> ToolResult | None:
+        """Wait for a person's decision on ``call`` (at most ``timeout``, as the tool path
+        decided it); ``None`` to go ahead, else the error result the model reads. Later calls
+        of the turn may start as soon as it is decided."""
+        decision = await self._await(agent, kind, call, timeout=timeout)
         if call.id in self._decided:
             self._decided.pop(call.id).set()
         if decision.approved:
@@ -95,10 +99,16 @@ class Approvals:
         tells the person why they are asked when it is not the tool's own rule (an unknown
         outcome, :mod:`relaykit.workflows.tool_outcome`). ``kind`` names the tool and its
         approval timeout."""
-        return await self._await(agent, kind, call, reason=reason)
+        return await self._await(agent, kind, call, reason=reason, timeout=kind.approval_timeout)
 
     async def _await(
-        self, agent: Agent, kind: ToolKind, call: ToolCall, *, reason: str | None = None
+        self,
+        agent: Agent,
+        kind: ToolKind,
+        call: ToolCall,
+        *,
+        timeout: timedelta | None,
+        reason: str | None = None,
     ) -> ApprovalDecision:
         run = self.run
         state = run.state
@@ -128,9 +138,7 @@ class Approvals:
         if parent:  # the parent (and so the root) shows it to a person
             await signal_workflow(parent, CHILD_APPROVAL_SIGNAL, pending)
         try:
-            await workflow.wait_condition(
-                lambda: call.id in state.decisions, timeout=kind.approval_timeout
-            )
+            await workflow.wait_condition(lambda: call.id in state.decisions, timeout=timeout)
             decision = state.decisions.pop(call.id)
         except TimeoutError:
             decision = ApprovalDecision(

@@ -32,6 +32,7 @@ Workflow code: deterministic, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
@@ -43,9 +44,16 @@ from relaykit.models.spec import ModelSpec
 PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
 """``RunSetup.recorded_calls``: call decisions are recorded and replayed (compatibility data)."""
 
+Ask = Literal["untimed", "timed"]
+"""A call that waits for a person: without a time limit, or with one (``approval_timeout``)."""
+
 Mode = Literal["today", "live", "replay"]
 """How a call is decided: from today's definitions without recording (runs started before),
 on the live path and recorded, or read back from what was recorded."""
+
+TIMEOUT_ON_REPLAY = timedelta(days=1)
+"""The time limit of a replayed wait that had one when today's tool has none: the timer's
+duration is the server's, as first recorded; only its presence must match."""
 
 REFUSED_ON_REPLAY = (
     "The call was not run: it was refused when it was made (the tool did not exist, its "
@@ -98,13 +106,18 @@ class CallRecord:
     def record_refused(self, slot: Slot) -> None:
         workflow.patched(slot.marker("refused"))
 
-    def asked(self, slot: Slot) -> bool:
+    def asked(self, slot: Slot) -> Ask | None:
         """Replay: whether the call was to wait for a person when it was made (decided before
-        the turn's calls start: later calls of the turn may wait for its decision)."""
-        return workflow.patched(slot.marker("asked"))
+        the turn's calls start: later calls of the turn may wait for its decision), and whether
+        that wait had a time limit (a timer in history)."""
+        if workflow.patched(slot.marker("asked")):
+            return "untimed"
+        if workflow.patched(slot.marker("asked-timed")):
+            return "timed"
+        return None
 
-    def record_asked(self, slot: Slot) -> None:
-        workflow.patched(slot.marker("asked"))
+    def record_asked(self, slot: Slot, ask: Ask) -> None:
+        workflow.patched(slot.marker("asked" if ask == "untimed" else "asked-timed"))
 
 
 # --- what a call ran as, when today's code no longer knows its tool ----------------------------

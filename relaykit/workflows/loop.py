@@ -32,7 +32,7 @@ from relaykit.graph import AgentGraph
 from relaykit.handoff import Handoff
 from relaykit.messages import Message, ModelResponse
 from relaykit.models.spec import ModelRequest
-from relaykit.output import OutputType, repairs_allowed
+from relaykit.output import repairs_allowed
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     MODEL_ACTIVITY,
@@ -43,6 +43,7 @@ from relaykit.runs import (
 from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows import long_runs, model_turn
 from relaykit.workflows.approvals import Approvals
+from relaykit.workflows.final_answer import FinalAnswers
 from relaykit.workflows.handoffs import filtered_history
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.subagent_tasks import SubagentTasks
@@ -64,11 +65,10 @@ class TurnLoop:
         self.run_state = Run(graph, run_input)
         self.graph = graph
         self.input = run_input
-        self.output_override = OutputType(output_type) if output_type is not None else None
-        self._output_types: dict[str, OutputType] = {}
         self.approvals = Approvals(self.run_state)
         self.tasks = SubagentTasks(self.run_state)
         self.tools = ToolPath(self.run_state, self.approvals, self.tasks)
+        self.answers = FinalAnswers(self.run_state, output_type)
         self.model_calls = model_turn.ModelCalls()
         self._turns_this_run = 0
         self._last_input_tokens = 0
@@ -161,9 +161,10 @@ class TurnLoop:
             if not message.tool_calls:
                 if state.mailbox:  # a message arrived during this turn: answer it too
                     continue
-                done, output = self._final_output(agent, message.content)
-                if done:
-                    return self._finish(output)
+                verdict = self.answers.check(agent, message.content)
+                if verdict.problem is None:
+                    return self._finish(verdict.output)
+                self._ask_for_repair(agent, verdict.problem)
                 continue
             with self.turn_group(agent):  # [observability]
                 results, switch = await self.tools.run_calls(agent, calls, response.routes)
@@ -252,17 +253,8 @@ class TurnLoop:
 
     # --- 2. the model call ----------------------------------------------------------------------
 
-    def _output_type_for(self, agent: Agent) -> OutputType | None:
-        if self.output_override is not None:
-            return self.output_override
-        if agent.output_type is None:
-            return None
-        if agent.name not in self._output_types:
-            self._output_types[agent.name] = OutputType(agent.output_type)
-        return self._output_types[agent.name]
-
     def build_request(self, agent: Agent) -> ModelRequest:
-        output = self._output_type_for(agent)
+        output = self.answers.output_type(agent)
         return model_turn.build_request(self.run_state, self.tools, self.tasks, agent, output)
 
     async def _call_model(self, agent: Agent) -> ModelResponse:
@@ -293,34 +285,28 @@ class TurnLoop:
 
     # --- 3. the final answer --------------------------------------------------------------------
 
-    def _final_output(self, agent: Agent, text: str) -> tuple[bool, Any]:
-        output_type = self._output_type_for(agent)
-        if output_type is None:
-            return True, text
-        try:
-            return True, output_type.dump(output_type.parse(text))
-        except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
-            self.state.output_retries += 1
-            # [lovia semantics] Agent.output_retries / RunInput.output_retries (was: always 2)
-            allowed = repairs_allowed(
-                self.setup_flag("output_retries_setting"),
-                self.input.output_retries,
-                agent.output_retries,
+    def _ask_for_repair(self, agent: Agent, problem: str) -> None:
+        """An answer its output type rejected: ask again, or fail once the repairs are spent."""
+        self.state.output_retries += 1
+        # [lovia semantics] Agent.output_retries / RunInput.output_retries (was: always 2)
+        allowed = repairs_allowed(
+            self.setup_flag("output_retries_setting"),
+            self.input.output_retries,
+            agent.output_retries,
+        )
+        if self.state.output_retries > allowed:
+            self.run_state.fail(
+                f"the final answer of {agent.name!r} did not match its output type after "
+                f"{allowed} {'repair' if allowed == 1 else 'repairs'}: {problem}",
+                errors.OUTPUT_VALIDATION_FAILED,
             )
-            if self.state.output_retries > allowed:
-                self.run_state.fail(
-                    f"the final answer of {agent.name!r} did not match its output type after "
-                    f"{allowed} {'repair' if allowed == 1 else 'repairs'}: {exc}",
-                    errors.OUTPUT_VALIDATION_FAILED,
-                )
-            self.state.transcript.append(
-                Message.user(
-                    f"Your answer did not match the required JSON schema: {exc}. "
-                    "Answer again with only JSON that matches the schema."
-                )
+        self.state.transcript.append(
+            Message.user(
+                f"Your answer did not match the required JSON schema: {problem}. "
+                "Answer again with only JSON that matches the schema."
             )
-            self.run_state.emit("error", {"kind": "output_validation", "message": str(exc)})
-            return False, None
+        )
+        self.run_state.emit("error", {"kind": "output_validation", "message": problem})
 
     def _finish(self, output: Any) -> RunResult:
         state = self.state

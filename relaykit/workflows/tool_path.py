@@ -38,7 +38,7 @@ from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
 from relaykit.workflows.agent_tools import ChildIds
 from relaykit.workflows.approvals import Approvals, Gate
-from relaykit.workflows.call_record import REFUSED_ON_REPLAY, Mode, Slot
+from relaykit.workflows.call_record import REFUSED_ON_REPLAY, TIMEOUT_ON_REPLAY, Ask, Mode, Slot
 from relaykit.workflows.loop_guard import check_repeat
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
@@ -60,7 +60,7 @@ class ToolPath:
         self.child_ids = ChildIds(run)
         self._tools: dict[str, AgentTools] = {}
         self._argument_problems: dict[str, str | None] = {}
-        self._asks: dict[Slot, bool] = {}
+        self._asks: dict[Slot, Ask | None] = {}
         """This turn's calls that wait for a person (decided by :meth:`_gates`)."""
 
     # --- what an agent may call -----------------------------------------------------------------
@@ -221,16 +221,23 @@ class ToolPath:
         decided on the live path before any call starts (and recorded for each call that
         waits), read back on replay."""
         record = self.run.calls
+        asks: list[Ask | None]
         if mode == "replay":
-            wanted = [record.asked(slot) for slot in slots]
+            asks = [record.asked(slot) for slot in slots]
         else:
-            wanted = [self._approval_hint(table, call) for call in calls]
+            asks = [self._ask(table, call) for call in calls]
         if mode == "live":
-            for slot, needed in zip(slots, wanted, strict=True):
-                if needed:
-                    record.record_asked(slot)
-        self._asks = dict(zip(slots, wanted, strict=True))
+            for slot, ask in zip(slots, asks, strict=True):
+                if ask is not None:
+                    record.record_asked(slot, ask)
+        self._asks = dict(zip(slots, asks, strict=True))
+        wanted = [ask is not None for ask in asks]
         return self.approvals.gates(calls, wanted, agent.approval_order == "request_order")
+
+    def _ask(self, table: AgentTools, call: ToolCall) -> Ask | None:
+        if not self._approval_hint(table, call):
+            return None
+        return "untimed" if table.kinds[call.name].approval_timeout is None else "timed"
 
     def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
@@ -277,12 +284,18 @@ class ToolPath:
             return run.tool_message(call, refused.content, is_error=refused.is_error)
         return prepared
 
-    def _needs_approval(self, prepared: Prepared, slot: Slot) -> bool:
-        """Decided once, before the turn's calls start (:meth:`_gates`), and recorded: turning
-        ``needs_approval`` on or off changes only later calls."""
+    def _approval(self, kind: ToolKind, prepared: Prepared, slot: Slot) -> tuple[bool, Any]:
+        """Whether the call waits for a person, and its time limit: decided once, before the
+        turn's calls start (:meth:`_gates`), and recorded, so turning ``needs_approval`` on or
+        off (or changing ``approval_timeout``) changes only later calls."""
         if self.run.calls.mode() == "today":  # a run from before decisions were recorded
-            return prepared.needs_approval
-        return self._asks.get(slot, False)
+            return prepared.needs_approval, kind.approval_timeout
+        ask = self._asks.get(slot)
+        if ask is None:
+            return False, None
+        if ask == "untimed":
+            return True, None
+        return True, kind.approval_timeout or TIMEOUT_ON_REPLAY
 
     # --- running them ---------------------------------------------------------------------------
 
@@ -335,8 +348,9 @@ class ToolPath:
         self, agent: Agent, kind: ToolKind, prepared: Prepared, slot: Slot
     ) -> tuple[Message, tuple[Handoff, str | None] | None]:
         run, call = self.run, prepared.call
-        if self._needs_approval(prepared, slot):
-            refusal = await self.approvals.decide(agent, kind, call)
+        needed, timeout = self._approval(kind, prepared, slot)
+        if needed:
+            refusal = await self.approvals.decide(agent, kind, call, timeout)
             if refusal is not None:
                 return run.tool_message(call, refusal.content, is_error=refusal.is_error), None
         result = await kind.execute(prepared)

@@ -1,0 +1,75 @@
+"""The final answer: checked against the output type, and that check decided once.
+
+An answer the agent's output type accepts ends the run; one it rejects makes the turn loop ask
+for a repair (or fail the run once the repairs allowed are spent). The output type is part of
+the agent's definition, which a deploy may change: a worker replaying a run must not accept an
+answer the run's first worker rejected, or reject one it accepted, since the commands that
+follow differ (another model call, or the end). So the live path records a rejection as a patch
+marker (``relaykit.answer.<turn>.rejected``), and a replay reads it back
+(:mod:`relaykit.workflows.call_record`).
+
+Workflow code: deterministic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio import workflow
+
+from relaykit.agent import Agent
+from relaykit.output import OutputType
+from relaykit.workflows.run_state import Run
+
+REJECTED_ON_REPLAY = "the answer did not match the output type when it was given"
+"""Why a replayed answer that was rejected is rejected, when today's output type accepts it."""
+
+
+@dataclass
+class Verdict:
+    """An answer accepted (``problem`` is ``None``, ``output`` the run's result), or not."""
+
+    output: Any = None
+    problem: str | None = None
+
+
+class FinalAnswers:
+    """The output types of one run's agents (or the run's override), and their verdicts."""
+
+    def __init__(self, run: Run, output_type: Any = None) -> None:
+        self.run = run
+        self.override = OutputType(output_type) if output_type is not None else None
+        self._types: dict[str, OutputType] = {}
+
+    def output_type(self, agent: Agent) -> OutputType | None:
+        if self.override is not None:
+            return self.override
+        if agent.output_type is None:
+            return None
+        if agent.name not in self._types:
+            self._types[agent.name] = OutputType(agent.output_type)
+        return self._types[agent.name]
+
+    def check(self, agent: Agent, text: str) -> Verdict:
+        verdict = self._check(agent, text)
+        mode = self.run.calls.mode()
+        marker = f"relaykit.answer.{self.run.state.turn}.rejected"
+        if mode == "live" and verdict.problem is not None:
+            workflow.patched(marker)
+        elif mode == "replay":
+            rejected = workflow.patched(marker)
+            if rejected and verdict.problem is None:
+                return Verdict(problem=REJECTED_ON_REPLAY)
+            if not rejected and verdict.problem is not None:  # accepted then
+                return Verdict(output=text)
+        return verdict
+
+    def _check(self, agent: Agent, text: str) -> Verdict:
+        output_type = self.output_type(agent)
+        if output_type is None:
+            return Verdict(output=text)
+        try:
+            return Verdict(output=output_type.dump(output_type.parse(text)))
+        except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
+            return Verdict(problem=str(exc))
