@@ -185,14 +185,6 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(description).strip(), params
 
 
-class _AnyArguments(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-def _gone(**_: Any) -> str:  # pragma: no cover - a stand-in never runs
-    raise RuntimeError("a stand-in tool never runs")
-
-
 @dataclass(eq=False)
 class Tool:
     """A function tool. Build it with :func:`tool`; fields are read by the turn loop and worker."""
@@ -230,13 +222,6 @@ class Tool:
             self.retry = DEFAULT_TOOL_RETRY
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
-
-    @classmethod
-    def stand_in(cls, name: str) -> Tool:
-        """A tool that today's code no longer defines, as a replay of a run that called it
-        needs it: its name, which is its activity's type. Its recorded result is replayed; a
-        worker that gets such a call live answers it as gone (``relaykit.activities``)."""
-        return cls(name=name, description="", function=_gone, args_model=_AnyArguments)
 
     @functools.cached_property
     def spec(self) -> ToolSpec:

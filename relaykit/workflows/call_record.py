@@ -33,13 +33,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
 
 from relaykit.agent import Agent, AgentTool, Handoff
 from relaykit.messages import ToolCall
 from relaykit.models.spec import ModelSpec
+from relaykit.tools import Tool
 
 PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
 """``RunSetup.recorded_calls``: call decisions are recorded and replayed (compatibility data)."""
@@ -160,6 +162,21 @@ def stand_in_agent(name: str) -> Agent:
 
 def _no_callback(*_: object) -> None:
     """A stand-in's ``on_handoff``: never called (its recorded activity's result is replayed)."""
+
+
+class _AnyArguments(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+def _never_runs(**_: Any) -> str:  # pragma: no cover - a stand-in's activity is replayed
+    raise RuntimeError("a stand-in tool never runs")
+
+
+def stand_in_tool(name: str) -> Tool:
+    """A function tool today's code no longer defines, as a replay of a run that called it
+    needs it: its name, which is its activity's type. Its recorded result is replayed; a worker
+    that gets such a call live answers it as gone (``relaykit.activities.gone_tools``)."""
+    return Tool(name=name, description="", function=_never_runs, args_model=_AnyArguments)
 
 
 def stand_in_handoff(call: ToolCall, found: Route) -> Handoff:

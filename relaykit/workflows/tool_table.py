@@ -27,6 +27,7 @@ from relaykit.workflows.call_record import (
     parse_route,
     stand_in_agent_tool,
     stand_in_handoff,
+    stand_in_tool,
 )
 from relaykit.workflows.function_tools import FunctionTool
 from relaykit.workflows.handoffs import HandoffTool
@@ -119,4 +120,4 @@ def stand_in(
     if found.kind == ROUTE_SUBAGENTS and agent.subagents is not None:
         return SubagentTool(run, tasks, agent, call.name, None)
     # a function tool: its activity is named like the tool
-    return FunctionTool(run, approvals, agent, Tool.stand_in(call.name))
+    return FunctionTool(run, approvals, agent, stand_in_tool(call.name))
