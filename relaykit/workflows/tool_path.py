@@ -7,7 +7,8 @@ the subagent tools, handoffs):
 1. **what the model wrote** (:meth:`ToolPath.check`): call ids made unique, arguments that are
    not a JSON object recorded as such (:mod:`relaykit.model_output`);
 2. **preflight**, in call order, before any call starts: the ``tool_call`` event, the
-   argument check, the approval order of the turn (:meth:`Approvals.gates`); a *barrier* kind
+   argument check, which calls wait for a person and the order of the turn around them
+   (:meth:`Approvals.gates`); a *barrier* kind
    (a handoff) is checked here (loop guard, arguments) and the first valid one is kept, a
    second one rejected unrun;
 3. **execute**, the other calls concurrently (activities, child workflows), each after the
@@ -19,6 +20,12 @@ the subagent tools, handoffs):
    calls after it; in runs recorded before that rule, after all of them); the results are
    returned in call order, each with its ``tool_result`` event, and the turn loop puts them in
    the transcript and makes the handoff's switch.
+
+Each decision that depends on the agents' definitions (is there such a tool, is the call
+refused, does it wait for a person and for how long) is made once, on the live path, and
+recorded; a replay reads it back instead of deciding again with today's definitions, and a call
+of a tool that today's code no longer defines replays as the kind it was
+(:mod:`relaykit.workflows.call_record`, docs/deploy.md).
 
 A new kind of tool is one module implementing :class:`ToolKind`, listed in
 :func:`relaykit.workflows.tool_table.build_table`.
