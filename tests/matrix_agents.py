@@ -36,17 +36,9 @@ from temporalio.common import RetryPolicy
 
 from relaykit import Agent, Handoff, ModelSpec, Subagents, tool
 from relaykit.agent import Tool
+from tests.crash_agents import _record as record_call
 
 _RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
-
-
-def _record(line: str) -> None:
-    log = os.environ.get("CRASH_TOOL_LOG")
-    if log:
-        with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"{line}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
 
 
 def _model(shape: str) -> ModelSpec:
@@ -63,7 +55,7 @@ def _simple(name: str, version: str, *, effect: str = "read", **options: object)
     """A tool that records ``<name> v<version> <q>`` and returns ``<name> <q>``."""
 
     def run(q: str) -> str:
-        _record(f"{name} v{version} {q}")
+        record_call(name, f"v{version} {q}")
         return f"{name} {q}"
 
     run.__name__ = name
@@ -76,7 +68,7 @@ def _slow(name: str, version: str, **options: object) -> Tool:
     """A tool that records its start and waits, heartbeating, for ``CRASH_RELEASE_FILE``."""
 
     async def run(n: int) -> str:
-        _record(f"{name} v{version} {n}")
+        record_call(name, f"v{version} {n}")
         release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
         while not release.exists():
             activity.heartbeat()
@@ -119,7 +111,7 @@ def build(version: str) -> dict[str, Agent]:
                 q: What.
                 exact: Match exactly.
             """
-            _record(f"lookup v2 {q}")
+            record_call("lookup", f"v2 {q}")
             return f"lookup {q}"
 
         agent(
