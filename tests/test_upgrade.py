@@ -365,7 +365,8 @@ async def test_runs_in_flight_under_the_previous_release_finish_under_todays_rel
 
     # --- the upgrade: the previous release's worker stopped, today's takes the task queue -------
     previous.send_signal(signal.SIGTERM)
-    await asyncio.to_thread(previous.wait, 60)
+    # the previous release has no graceful stop: SIGTERM ends it at once, calls in flight too
+    assert await asyncio.to_thread(previous.wait, 60) == -signal.SIGTERM
     rig.start_worker(MODULE, UPGRADE_RELEASE="new")
     for name in ("loop", "handoff", "chain", "sub_chain"):
         await shapes[name].run.resume()
