@@ -146,8 +146,9 @@ async def test_replay_check_flags_a_breaking_change_before_the_deploy_and_a_wedg
     rig: CrashRig,
 ) -> None:
     # v1 serves a run that called `lookup`, paused at a turn boundary. Before the deploy,
-    # replay-check passes v2 (safe edits) and flags v3 (the tool now another kind). Deployed anyway, v3
-    # wedges the run: `runs --stuck` lists it and `result` says so; rolling back frees it.
+    # replay-check passes v2 (safe edits) and flags v3 (the tool is now another kind of tool).
+    # Deployed anyway, v3 wedges the run: `runs --stuck` lists it and `result` says so; rolling
+    # back frees it.
     server = rig.model_server
     hold = threading.Event()
     server.script(rig.model, [call("lookup", q="x", hold=hold), text("done")])
