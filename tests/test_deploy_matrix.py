@@ -26,6 +26,7 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from relaykit import RunFailed, RunHandle, start_run
+from relaykit.stuck import stuck
 from relaykit.testing.scripted_server import Step, call, text
 from tests.test_crash_recovery import (
     START_AND_FINISH,
@@ -35,7 +36,7 @@ from tests.test_crash_recovery import (
     rig,  # noqa: F401 - the fixture
     wait_requests,
 )
-from tests.test_versioning import relaykit_cli
+from tests.test_versioning import relaykit_cli, stop
 
 MODULE = "tests.matrix_agents"
 HISTORIES = Path(__file__).resolve().parent / "histories" / "matrix"
@@ -395,3 +396,33 @@ def test_the_recorded_matrix_histories_replay_with_either_version(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1] == "replayed 13, failed 0, skipped 0"
+
+
+async def test_a_worker_serving_none_of_a_runs_agents_leaves_the_run_to_its_own_workers(
+    client: Client,
+    rig: CrashRig,
+) -> None:
+    # Two applications on one task queue (the default one, say): a worker of the other one
+    # gets a task of a run it can only replay with stand-ins. It fails that workflow task
+    # instead of ending the run; the run's own worker, back, finishes it.
+    hold = threading.Event()
+    shape = Shape("renamed", [call("fetch", q="a", hold=hold), text("done")])
+    own = rig.start_worker(MODULE, MATRIX_VERSION="1")
+    await start(client, rig, [shape])
+    await park(rig, shape, hold, 1)
+    assert shape.handle is not None
+    await asyncio.to_thread(stop, own)
+    other = rig.start_worker("tests.crash_agents")
+    await shape.handle.resume()
+
+    async def refused() -> bool:
+        return await stuck(client, shape.handle.id) is not None  # type: ignore[union-attr]
+
+    # its task keeps failing (`relaykit runs --stuck` lists the run); the worker says why
+    await eventually(refused, "the other worker to refuse the task", START_AND_FINISH)
+    assert (await client.get_workflow_handle(shape.handle.id).describe()).status.name == "RUNNING"
+    assert "serves none of the agents of run" in (rig.tmp / "worker-2.log").read_text()
+    await asyncio.to_thread(stop, other)
+    rig.start_worker(MODULE, MATRIX_VERSION="1")
+    result = await ended(shape)
+    assert result.output == "done"

@@ -98,14 +98,8 @@ class TurnLoop:
     async def run(self) -> RunResult:
         run = self.run_state
         run.record_setup()
-        if self.state.agent not in self.graph.agents and not workflow.unsafe.is_replaying():
-            # Never while replaying: the run may have started under code that defined it.
-            raise ApplicationError(
-                f"unknown agent {self.state.agent!r}; this worker serves: "
-                + ", ".join(sorted(self.graph.agents)),
-                type=errors.UNKNOWN_AGENT,
-                non_retryable=True,
-            )
+        if self.state.agent not in self.graph.agents:
+            run.check_serves_run()  # while replaying: the run may have begun under older code
         if self.input.state is None:
             self._start_transcript()
         if self.input.state is not None:

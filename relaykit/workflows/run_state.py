@@ -110,6 +110,27 @@ class Run:
                 agent = self._stand_ins[self.state.agent] = stand_in_agent(self.state.agent)
         return agent
 
+    def check_serves_run(self) -> None:
+        """The run's current agent is not defined here. Live, a start for an agent this worker
+        does not serve fails the run (``UnknownAgent``). Replaying, the run may have switched
+        to it under older code (the turn loop stands in for it until its next live turn), but
+        when this worker defines none of the agents on the run's path, the run is another
+        application's on a shared task queue: this workflow task fails, and the run waits for
+        a worker that serves it, rather than ending here."""
+        served = ", ".join(sorted(self.graph.agents))
+        if not workflow.unsafe.is_replaying():
+            raise ApplicationError(
+                f"unknown agent {self.state.agent!r}; this worker serves: {served}",
+                type=errors.UNKNOWN_AGENT,
+                non_retryable=True,
+            )
+        path = [self.input.agent, *self.input.run_path, *self.state.run_path]
+        if not any(name in self.graph.agents for name in path):
+            raise RuntimeError(
+                f"this worker serves none of the agents of run {workflow.info().workflow_id} "
+                f"({' → '.join(dict.fromkeys(path))}); it serves: {served}"
+            )
+
     def end_if_agent_gone(self) -> None:
         """Fail the run with ``UnknownAgent`` when the current agent is not defined by today's
         code and the run is about to decide something new with it (never while replaying what
