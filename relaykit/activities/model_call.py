@@ -15,6 +15,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from relaykit._lean import DeferredCAContext
 from relaykit.messages import ModelResponse
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
@@ -38,6 +39,7 @@ class ModelActivities:
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(120.0, connect=10.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+            verify=DeferredCAContext(),  # CAs loaded by the first https call, if any
         )
         self.transcripts = transcripts or TranscriptStore()
         self._statics: dict[str, dict[str, Any]] = {}
