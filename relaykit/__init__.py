@@ -4,15 +4,15 @@ An agent run is a Temporal workflow; every model call and every tool execution i
 so a crash of a worker, a model server or a machine loses nothing.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 
 # isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
-from relaykit.client import RunHandle, connect, get_run, run, start_run, task_queue_has_worker
-from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
 from relaykit.context_policy import ContextPolicy, default_context_policy
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
-from relaykit.fork import ForkError, fork_run
 from relaykit.handoff import (
     Handoff,
     HandoffArgs,
@@ -59,6 +59,48 @@ from relaykit.tools import (
 )
 from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
 from relaykit.workflows.loop import run_agent
+
+if TYPE_CHECKING:
+    from relaykit.client import (
+        RunHandle,
+        connect,
+        get_run,
+        run,
+        start_run,
+        task_queue_has_worker,
+    )
+    from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
+    from relaykit.fork import ForkError, fork_run
+
+_CLIENT_SIDE = {
+    "RunHandle": "relaykit.client",
+    "connect": "relaykit.client",
+    "get_run": "relaykit.client",
+    "run": "relaykit.client",
+    "start_run": "relaykit.client",
+    "task_queue_has_worker": "relaykit.client",
+    "PayloadDecodeError": "relaykit.codec",
+    "compose_data_converter": "relaykit.codec",
+    "load_codec": "relaykit.codec",
+    "ForkError": "relaykit.fork",
+    "fork_run": "relaykit.fork",
+}
+"""Names whose modules a worker never uses: imported on first access (PEP 562), so a worker
+process does not carry the client, the codec loader and forking (``tests/test_lean_imports.py``)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _CLIENT_SIDE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'relaykit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_CLIENT_SIDE})
+
 
 __version__ = "0.1.0"
 

@@ -31,8 +31,13 @@ OPTIONAL = (
 )
 
 
-def loaded_after(code: str) -> set[str]:
-    listing = "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+CLIENT_SIDE = ("relaykit.client", "relaykit.codec", "relaykit.fork")
+"""relaykit modules a worker never uses (imported when their names are first used)."""
+
+
+def loaded_after(code: str, *, whole_names: bool = False) -> set[str]:
+    name = "m" if whole_names else "m.split('.')[0]"
+    listing = f"print(json.dumps(sorted({{{name} for m in sys.modules}})))"
     probe = f"{code}\nimport json, sys\n{listing}"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -42,6 +47,28 @@ def test_a_worker_that_uses_no_optional_part_does_not_import_one() -> None:
     loaded = loaded_after("import relaykit, relaykit.worker, relaykit.client")
     assert "temporalio" in loaded and "httpx" in loaded  # the probe does see imports
     assert loaded.isdisjoint(OPTIONAL), sorted(loaded & set(OPTIONAL))
+
+
+def test_a_worker_does_not_import_the_client_side_modules() -> None:
+    loaded = loaded_after("import relaykit, relaykit.worker", whole_names=True)
+    assert "relaykit.worker" in loaded and "relaykit.agent" in loaded
+    assert loaded.isdisjoint(CLIENT_SIDE), sorted(loaded & set(CLIENT_SIDE))
+
+
+def test_the_client_side_names_are_still_exported_by_relaykit() -> None:
+    import relaykit
+    import relaykit.client
+    import relaykit.codec
+    import relaykit.fork
+
+    assert relaykit.connect is relaykit.client.connect
+    assert relaykit.RunHandle is relaykit.client.RunHandle
+    assert relaykit.load_codec is relaykit.codec.load_codec
+    assert relaykit.fork_run is relaykit.fork.fork_run
+    assert set(relaykit.__all__) <= set(dir(relaykit))
+    assert all(getattr(relaykit, name) is not None for name in relaykit.__all__)
+    with pytest.raises(AttributeError):
+        relaykit.no_such_name  # noqa: B018
 
 
 def test_httpx_command_line_module_stays_importable() -> None:
