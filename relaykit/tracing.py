@@ -29,6 +29,7 @@ This module imports OpenTelemetry lazily: relaykit works without it until tracin
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -75,6 +76,10 @@ def temporal_interceptor(tracer: Any = None) -> Any:
 
 
 def has_tracing_interceptor(interceptors: Sequence[Any]) -> bool:
+    # No interceptor of Temporal's can exist before its module is imported; importing it to
+    # find out would load OpenTelemetry (about 1 MB) into every worker that does not trace.
+    if "temporalio.contrib.opentelemetry" not in sys.modules:
+        return False
     try:
         from temporalio.contrib.opentelemetry import TracingInterceptor
     except ImportError:  # pragma: no cover

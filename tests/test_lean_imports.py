@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from relaykit.devserver import DevServer
+
 OPTIONAL = (
     "mcp",
     "rich",
@@ -204,3 +206,32 @@ async def test_the_model_client_verifies_https_servers_against_the_ca_bundle(
         await server.wait_closed()
     assert isinstance(refused, str) and "CERTIFICATE_VERIFY_FAILED" in refused, refused
     assert trusted == 200
+
+
+def test_a_started_worker_that_does_not_trace_has_not_imported_opentelemetry(
+    temporal_server: DevServer,
+) -> None:
+    probe = f"""
+import asyncio
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+import relaykit
+
+async def main():
+    client = await Client.connect(
+        {temporal_server.address!r}, namespace={temporal_server.namespace!r},
+        data_converter=pydantic_data_converter,
+    )
+    model = relaykit.ModelSpec(provider="openai", name="m", base_url="http://127.0.0.1:9/v1")
+    agent = relaykit.Agent(name="a", instructions="x", model=model)
+    async with relaykit.Worker(client, agent, task_queue="lean-probe", store="memory:///"):
+        pass
+
+asyncio.run(main())
+"""
+    loaded = loaded_after(probe, whole_names=True)
+    assert "temporalio.worker" in loaded and "httpcore" in loaded  # it did start and serve
+    tops = {name.split(".")[0] for name in loaded}
+    assert tops.isdisjoint(OPTIONAL), sorted(tops & set(OPTIONAL))
+    assert "temporalio.contrib.opentelemetry" not in loaded
+    assert loaded.isdisjoint(CLIENT_SIDE), sorted(loaded & set(CLIENT_SIDE))
