@@ -25,6 +25,11 @@ one Arrow, DataFusion and Polars use): async, no boto dependency at runtime, and
 credentials follow each cloud's standard environment. ``StoreDriver`` is our own small
 Temporal ``StorageDriver`` on top of it.
 
+A local directory's objects are written, read and checked with plain file calls (an atomic
+rename per write, 0600 files); obstore lists and deletes them. So a worker on a local store, which
+on a run's path only writes and reads, never loads obstore's native library (about 5 MB of
+resident memory); it is imported on first use.
+
 Large strings are stored once. A tool result of a few MB travels in several payloads: the tool
 activity's result, the next model request, the transcript node the model call stores, the run's
 result. Each is a different object, so content addressing of whole objects would keep every copy.
@@ -67,8 +72,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
-import obstore
-from obstore.store import from_url
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
     PayloadCodec,
@@ -237,6 +240,11 @@ class Store:
 
     def check(self) -> None:
         """Open the store now: raises :class:`ConfigurationError` for a URL that cannot work."""
+        if self.directory is not None:
+            # What opening a local store checks; obstore itself is loaded only by the operations
+            # that need it (listing, deleting), so a worker on a local store never loads it.
+            self._make_dir(self.directory)
+            return
         self._backend()
 
     # --- backend --------------------------------------------------------------------------------
@@ -253,6 +261,8 @@ class Store:
 
             self._make_dir(self.directory)
             return LocalStore(str(self.directory))
+        from obstore.store import from_url
+
         parts = urlsplit(self.url)
         query = dict(parse_qsl(parts.query))
         base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
@@ -348,11 +358,14 @@ class Store:
         if self.directory is not None:
             await asyncio.to_thread(self._put_local, key, data)
         else:
+            import obstore
+
             await obstore.put_async(self._backend(), key, data)
 
     def _put_local(self, key: str, data: bytes) -> None:
-        self._backend()
-        path = self.directory / key  # type: ignore[operator]
+        assert self.directory is not None
+        self._make_dir(self.directory)
+        path = self.directory / key
         self._make_dir(path.parent)
         # A unique temporary name per write: concurrent saves of one key never share one.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
@@ -374,6 +387,8 @@ class Store:
         _check_key(key)
         if self.directory is not None:
             return (self.directory / key).exists()
+        import obstore
+
         try:
             await obstore.head_async(self._backend(), key)
         except FileNotFoundError:
@@ -386,6 +401,16 @@ class Store:
         if data is None or not data.startswith(_MANIFEST_MAGIC):
             return data
         return await self._assemble(key, data)
+
+    def _get_local(self, key: str) -> bytes | None:
+        # Local files are read (and written, by _put_local) directly: the same file obstore's
+        # LocalStore reads (keys are checked, so a key is a path inside the directory), without
+        # loading obstore's native library (about 5 MB of a worker's memory) for it.
+        assert self.directory is not None
+        try:
+            return (self.directory / key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):  # obstore: "not found" for both
+            return None
 
     async def _assemble(self, key: str, manifest: bytes) -> bytes:
         folder = _run_folder(key)
@@ -422,11 +447,18 @@ class Store:
 
     async def _get_object(self, key: str, *, decode: bool) -> bytes | None:
         _check_key(key)
-        try:
-            result = await obstore.get_async(self._backend(), key)
-            data = bytes(await result.bytes_async())
-        except FileNotFoundError:
-            return None
+        if self.directory is not None:
+            data = await asyncio.to_thread(self._get_local, key)
+            if data is None:
+                return None
+        else:
+            import obstore
+
+            try:
+                result = await obstore.get_async(self._backend(), key)
+                data = bytes(await result.bytes_async())
+            except FileNotFoundError:
+                return None
         if decode and data.startswith(_ENCODED_MAGIC):
             if self.codec is None:
                 raise StoreError(
@@ -441,6 +473,8 @@ class Store:
         """Every object under ``prefix`` (a folder: ``runs/<scope>/``)."""
         if self.directory is not None and not (self.directory / prefix).exists():
             return
+        import obstore
+
         stream = obstore.list(self._backend(), prefix, chunk_size=1000)
         async for chunk in stream:
             for meta in chunk:
@@ -450,11 +484,15 @@ class Store:
         """Names of the folders directly under ``prefix``."""
         if self.directory is not None and not (self.directory / prefix).exists():
             return []
+        import obstore
+
         result = await obstore.list_with_delimiter_async(self._backend(), prefix)
         return [p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]]
 
     async def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; returns how many."""
+        import obstore
+
         keys = [obj.key async for obj in self.list(prefix)]
         for start in range(0, len(keys), 1000):
             await obstore.delete_async(self._backend(), keys[start : start + 1000])
