@@ -46,6 +46,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="runs parked in the idle scenario (default 1000, or 100 with --quick)",
     )
     parser.add_argument(
+        "--throughput-runs", type=int, default=None,
+        help="concurrent runs in the throughput scenario (default 100)",
+    )
+    parser.add_argument(
         "--reps", type=int, default=None, help="repetitions of every scenario (overrides defaults)"
     )
     parser.add_argument(
@@ -55,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=RESULTS_PATH, help="where to write JSON")
     args = parser.parse_args(argv)
     args.scenarios = [name.strip() for name in args.scenarios.split(",") if name.strip()]
+    if args.throughput_runs is not None and args.throughput_runs < 1:
+        parser.error(f"--throughput-runs must be at least 1, got {args.throughput_runs}")
     unknown = [name for name in args.scenarios if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
@@ -128,13 +134,14 @@ async def run(args: argparse.Namespace) -> int:
     from bench.context import Bench, Settings
     from bench.procs import Child, children_of, leftover_children
     from bench.report import Results, markdown_table, targets_table, write_json
-    from bench.scenarios import SCENARIOS
+    from bench.scenarios import SCENARIOS, THROUGHPUT_RUNS
 
     settings = Settings(
         quick=args.quick,
         latency_ms=args.latency_ms,
         response_bytes=args.response_bytes,
         idle_runs=args.idle_runs,
+        throughput_runs=args.throughput_runs,
         reps=args.reps,
         max_cached_workflows=args.max_cached_workflows,
     )
@@ -147,6 +154,7 @@ async def run(args: argparse.Namespace) -> int:
             "latency_ms": args.latency_ms,
             "response_bytes": args.response_bytes,
             "idle_runs": settings.idle_n,
+            "throughput_runs": settings.throughput_runs or THROUGHPUT_RUNS,
             "reps": args.reps,
             "max_cached_workflows": args.max_cached_workflows,
         },

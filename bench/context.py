@@ -42,6 +42,8 @@ class Settings:
     latency_ms: float = 0.0
     response_bytes: int = 100
     idle_runs: int | None = None
+    throughput_runs: int | None = None
+    """Concurrent runs of the throughput scenario (``None``: ``THROUGHPUT_RUNS``)."""
     reps: int | None = None
     """Overrides every scenario's repetition count when set."""
     max_cached_workflows: int | None = None

@@ -190,6 +190,7 @@ async def history(bench: Bench) -> None:
 # --- 3. throughput ----------------------------------------------------------------------------
 
 THROUGHPUT_RUNS = 100
+"""Concurrent runs of the throughput scenario unless ``--throughput-runs`` says otherwise."""
 THROUGHPUT_TURNS = 10
 
 
@@ -197,7 +198,7 @@ async def throughput(bench: Bench) -> None:
     """N concurrent runs of K=10 on one fresh worker process per measurement."""
     scenario = "3 throughput"
     reps = bench.settings.repetitions(3, 1)
-    n, k = THROUGHPUT_RUNS, THROUGHPUT_TURNS
+    n, k = bench.settings.throughput_runs or THROUGHPUT_RUNS, THROUGHPUT_TURNS
     wall, rate, peak = _per_system(), _per_system(), _per_system()
     cpu_worker, cpu_server = _per_system(), _per_system()
     for _, order in rounds(reps):
