@@ -8,6 +8,7 @@ nothing it started is still alive.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -48,6 +49,7 @@ class Child:
         self.proc: subprocess.Popen[str] | None = None
         self.info = ""
         self._log = tempfile.TemporaryFile(mode="w+t", prefix=f"bench-{name}-")
+        self._stdout_tail: collections.deque[str] = collections.deque(maxlen=50)
 
     @property
     def pid(self) -> int:
@@ -83,7 +85,16 @@ class Child:
 
         def read() -> None:
             assert self.proc is not None and self.proc.stdout is not None
-            found.append(self.proc.stdout.readline().strip())
+            stdout = self.proc.stdout
+            found.append(stdout.readline().strip())
+            # Keep reading: a worker's Temporal core logs its warnings (e.g. "workflow task
+            # duration exceeded", frequent on a loaded machine) to stdout, and a full pipe would
+            # block the core's thread and with it the whole worker. The last lines are kept.
+            try:
+                for line in stdout:
+                    self._stdout_tail.append(line)
+            except (OSError, ValueError):  # closed by stop()
+                pass
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
@@ -95,7 +106,7 @@ class Child:
     def log_tail(self, chars: int = 4000) -> str:
         self._log.flush()
         self._log.seek(0)
-        return self._log.read()[-chars:]
+        return (self._log.read() + "".join(self._stdout_tail))[-chars:]
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self.proc = self.proc, None
