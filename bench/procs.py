@@ -87,6 +87,7 @@ class Child:
             assert self.proc is not None and self.proc.stdout is not None
             stdout = self.proc.stdout
             found.append(stdout.readline().strip())
+            got_line.set()
             # Keep reading: a worker's Temporal core logs its warnings (e.g. "workflow task
             # duration exceeded", frequent on a loaded machine) to stdout, and a full pipe would
             # block the core's thread and with it the whole worker. The last lines are kept.
@@ -96,9 +97,10 @@ class Child:
             except (OSError, ValueError):  # closed by stop()
                 pass
 
+        got_line = threading.Event()
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        reader.join(self.ready_timeout)
+        got_line.wait(self.ready_timeout)
         if not found:
             return f"no ready line within {self.ready_timeout:g}s"
         return found[0] or f"exited with code {self.proc.poll()}"
