@@ -112,7 +112,7 @@ class AgentToolKind(ToolKind):
             prompt = AgentToolArgs.model_validate_json(call.arguments or "{}").input
         except ValidationError:  # the child started then: its recorded start is replayed
             prompt = call.arguments
-        return Prepared(call, (child_id, prompt), replayed=True)
+        return Prepared(call, (child_id, prompt))
 
     async def execute(self, prepared: Prepared) -> ToolResult:
         run, entry = self.run, self.entry

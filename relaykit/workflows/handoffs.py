@@ -79,7 +79,6 @@ class HandoffTool(ToolKind):
         prepared = self.prepare(call)
         if isinstance(prepared, ToolResult):  # arguments today's rule refuses: the switch stands
             prepared = Prepared(call, HandoffArgs())
-        prepared.replayed = True
         return prepared
 
     async def execute(self, prepared: Prepared) -> ToolResult:

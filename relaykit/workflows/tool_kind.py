@@ -64,9 +64,6 @@ class Prepared:
     """The arguments as the kind parsed them (a pydantic model, a dict, …)."""
     needs_approval: bool = False
     """The call waits for a person's decision before it runs."""
-    replayed: bool = False
-    """A replayed call the run recorded as run: the kind runs it as it did then and refuses
-    nothing for today's definitions (relaykit.workflows.call_record)."""
 
 
 class ToolKind:
@@ -110,10 +107,7 @@ class ToolKind:
         """A call the run recorded as run, replayed: its arguments as :meth:`prepare` reads
         them, or as they are when today's schema refuses them (the call ran under another)."""
         prepared = self.prepare(call)
-        if isinstance(prepared, ToolResult):
-            prepared = Prepared(call)
-        prepared.replayed = True
-        return prepared
+        return Prepared(call) if isinstance(prepared, ToolResult) else prepared
 
 
 def invalid_arguments(tool_name: str, exc: ValidationError) -> str:
