@@ -153,6 +153,11 @@ class ModelResponse(CompactModel):
     routes: dict[str, str] = Field(default_factory=dict)
     """For each tool name this response calls that was offered with a route (``ToolSpec.route``):
     that route, recorded with the call (relaykit.workflows.call_record)."""
+    output_checked: bool | None = None
+    """Whether the request asked for a structured answer (``ModelRequest.output``), recorded with
+    the call: a final answer of a response that did not is accepted as it is, on replay too,
+    whatever output type today's code gives the agent (relaykit.workflows.final_answer).
+    ``None``: a worker from before recorded it."""
     static_ref: str | None = None
     """Digest of the request's unchanging part that the model worker stored or found for this
     call. The workflow learns what is stored from this recorded value, never by re-deriving it:

@@ -144,6 +144,9 @@ class ReportTarget(BaseModel):
 
 
 DELIVER_ACTIVITY = "relaykit.deliver_report"
+RECORD_DECISIONS_ACTIVITY = "relaykit.record_decisions"
+"""The local activity that records what a run decided (``relaykit.workflows.call_record``): it
+returns its input, a list of short codes (compatibility data, as is the name)."""
 """Activity type that POSTs a detached task's report (compatibility data)."""
 
 
@@ -187,6 +190,10 @@ class RunSetup(BaseModel):
     """Each call's decision (refused, asked a person, ran) is recorded when it is made and read
     back on replay, so edited agent definitions never change what a run already did
     (``relaykit.workflows.call_record``); ``False`` for runs started before."""
+    recorded_decisions: bool = False
+    """Those decisions are recorded by a local activity (one per turn with tool calls, one per
+    call admitted after an approval wait, one per checked answer), not by a patch marker per
+    decision (``relaykit.workflows.call_record``); ``False`` for runs started before."""
 
 
 class RepeatedCall(BaseModel):

@@ -1,7 +1,8 @@
 """The worker: one process that serves an agent graph on a task queue.
 
-It registers the ``AgentRun`` workflow, the model activity and one activity per tool (named after
-the tool) and per ``on_handoff`` callback. The workflow sandbox stays on; the ``relaykit`` package
+It registers the ``AgentRun`` workflow, the model activity, the local activity that records a
+run's decisions, and one activity per tool (named after the tool) and per ``on_handoff``
+callback. The workflow sandbox stays on; the ``relaykit`` package
 is passed through it so workflow code sees the same agent objects the worker was given.
 """
 
@@ -20,6 +21,7 @@ from temporalio.worker import Worker as TemporalWorker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from relaykit import registry
+from relaykit.activities.decisions import record_decisions
 from relaykit.activities.delivery import deliver_report
 from relaykit.activities.gone_tools import gone_tool
 from relaykit.activities.model_call import ModelActivities
@@ -200,7 +202,11 @@ class Worker:
             max_workers=self._tool_threads, thread_name_prefix=f"relaykit-tool-{self.task_queue}"
         )
         executor = self._tool_executor
-        activities: list[Any] = [self._model_activities.model_call, deliver_report]
+        activities: list[Any] = [
+            self._model_activities.model_call,
+            deliver_report,
+            record_decisions,
+        ]
         activities.extend(
             tool_activity(t, executor, self.max_tool_result_bytes)
             for t in self.graph.tools.values()

@@ -130,6 +130,7 @@ class ModelActivities:
                 publisher.close()
         response.static_ref = full.static_ref  # what this call stored or found, for the workflow
         response.routes = routes_called(full, response)
+        response.output_checked = full.output is not None
         if request.store_transcript:
             try:
                 response.transcript_ref = await self.transcripts.save(

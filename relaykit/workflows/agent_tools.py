@@ -72,6 +72,14 @@ class ChildIds:
         self._ids[id(call)] = child_id
         return child_id
 
+    def mark(self) -> tuple[int, dict[int, str], int]:
+        """Where naming stands, to go back to when a turn's calls are decided again."""
+        return self.run.state.agent_tools_started, dict(self._ids), self._turn
+
+    def rewind(self, mark: tuple[int, dict[int, str], int]) -> None:
+        self.run.state.agent_tools_started, ids, self._turn = mark
+        self._ids = dict(ids)
+
     def take(self, entry: AgentTool, call: ToolCall) -> str:
         child_id = self.name(entry, call)
         self._ids.pop(id(call), None)

@@ -5,26 +5,44 @@ there a tool of that name, do the arguments fit its schema, does the loop guard 
 it need a person's approval, does its kind accept it (a subagent of that name). A worker with
 edited definitions can decide otherwise. If it did so while replaying, it would issue other
 commands than the history holds, and the run would fail its workflow task forever
-(non-determinism). So a decision is made once, on the live path, and replay reads it back:
+(non-determinism). So a decision is made once, on the live path, and replay reads it back.
 
-- a call of a tool the agent did not have is recorded as **unknown**, one refused otherwise
-  (loop guard, arguments, its kind's own check) as **refused**, and one that is to wait for a
-  person as **asked**, each by a patch marker named after the call's turn and position
-  (``relaykit.call.<turn>.<position>.refused``). These are the rare paths: the common call,
-  which simply ran, costs no history event. (Temporal adds each patch id to the run's
-  ``TemporalChangeVersion`` search attribute, with an upsert event, until that attribute reaches
-  its size limit; after that the SDK skips the upsert and logs a warning.) A replay asks for
-  each marker at the point where the live path wrote it, since markers must come back in the
-  order they were written;
-- on replay, a call without a marker *ran*, whatever today's checks say: it runs again as the
-  kind of tool it was when the model was offered it, read from the model call's recorded result
-  (``ModelResponse.routes``, see :func:`stand_in`), so a renamed or removed tool replays as its
-  recorded activity;
-- an agent a run switched to that today's code no longer defines is replayed with a stand-in
-  agent (:func:`stand_in_agent`); at its next live turn the run fails with ``UnknownAgent``.
+**How it is recorded** (runs with ``RunSetup.recorded_decisions``, docs/architecture.md): by the
+local activity ``relaykit.record_decisions``, which returns its input. The workflow decides with
+today's definitions, passes the codes of what it decided, and goes on with what the activity
+returns: live that is what it passed; on replay Temporal returns the result recorded in the
+activity's marker, whatever today's definitions decided, so the same code serves both. Temporal
+matches local activities by their order, and a marker the code does not schedule, or a
+schedule without a marker, fails the workflow task (non-determinism), so *whether* a recording
+is scheduled never depends on the definitions, only on what history already holds:
 
-Runs started before this was recorded (``RunSetup.recorded_calls`` is ``False``) decide from
-today's definitions, as they always did.
+- one per turn with tool calls (the calls come from the model call's recorded result), made
+  before any call of the turn starts: per call position, ``u`` unknown tool, ``a``/``t`` waits
+  for a person (without, with a time limit), ``w`` waits for an earlier call's approval
+  decision before it is admitted, ``r`` refused (loop guard, arguments, its kind's own check,
+  a second handoff) for every call admitted then;
+- one per call that waits for an earlier call's approval decision (``w``, itself recorded), when
+  it is admitted: ``r`` or nothing;
+- one per final answer of a model call that asked for a structured answer (recorded in its
+  result, ``ModelResponse.output_checked``): ``x`` rejected or nothing
+  (:mod:`relaykit.workflows.final_answer`).
+
+That is one marker event per recording, no search attribute, a few bytes of codes, and no
+branching on replay state. Where a replay's own decisions differ from the recorded ones, the
+recorded ones stand: a call recorded as run runs again as the kind of tool it was when the model
+was offered it, read from the model call's recorded result (``ModelResponse.routes``, see
+:func:`relaykit.workflows.tool_table.stand_in`), so a renamed or removed tool replays as its
+recorded activity; one recorded as refused is refused (:data:`REFUSED_ON_REPLAY`). An agent a
+run switched to that today's code no longer defines is replayed with a stand-in agent
+(:func:`stand_in_agent`); at its next live turn the run fails with ``UnknownAgent``.
+
+Runs recorded before (``RunSetup.recorded_calls`` without ``recorded_decisions``) keep the
+earlier scheme to their end: a patch marker per decision, named after the call's turn and
+position (``relaykit.call.<turn>.<position>.unknown``, ``.refused``, ``.asked``,
+``.asked-timed``; ``relaykit.answer.<turn>.rejected``), each with Temporal's upsert of its
+``TemporalChangeVersion`` search attribute, asked for at the point where the live path wrote it
+(:meth:`CallRecord.mode` tells the two apart by replay state). Runs started before either
+(``recorded_calls`` is ``False``) decide from today's definitions, as they always did.
 
 Workflow code: deterministic, no I/O.
 """
@@ -41,17 +59,33 @@ from temporalio import workflow
 from relaykit.agent import Agent, AgentTool, Handoff
 from relaykit.messages import ToolCall
 from relaykit.models.spec import ModelSpec
+from relaykit.runs import RECORD_DECISIONS_ACTIVITY
 from relaykit.tools import Tool
 
 PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
 """``RunSetup.recorded_calls``: call decisions are recorded and replayed (compatibility data)."""
+PATCH_RECORDED_DECISIONS = "relaykit.decisions-by-local-activity"
+"""``RunSetup.recorded_decisions``: by the local activity, not a marker each (compatibility
+data)."""
+
+# The codes of recorded decisions (compatibility data: recorded in history).
+UNKNOWN = "u"
+REFUSED = "r"
+ASKED = "a"
+ASKED_TIMED = "t"
+WAITS = "w"
+REJECTED = "x"
+
+RECORD_TIMEOUT = timedelta(seconds=10)
+"""The recording local activity returns its input; it never takes long."""
 
 Ask = Literal["untimed", "timed"]
 """A call that waits for a person: without a time limit, or with one (``approval_timeout``)."""
 
-Mode = Literal["today", "live", "replay"]
+Mode = Literal["today", "recorded", "live", "replay"]
 """How a call is decided: from today's definitions without recording (runs started before),
-on the live path and recorded, or read back from what was recorded."""
+recorded by the local activity (one path, live or replayed), or by a patch marker each: on the
+live path and recorded, or read back from what was recorded."""
 
 TIMEOUT_ON_REPLAY = timedelta(days=1)
 """The time limit of a replayed wait that had one when today's tool has none: the timer's
@@ -66,9 +100,24 @@ error text is in the transcript the model saw, not in history)."""
 
 
 def recorded_calls() -> dict[str, bool]:
-    """The ``RunSetup`` field, for a run's first workflow task: ``True`` for a new run (a marker
-    is written), ``False`` when replaying a run recorded before."""
-    return {"recorded_calls": workflow.patched(PATCH_RECORDED_CALLS)}
+    """The ``RunSetup`` fields, for a run's first workflow task: ``True`` for a new run (a marker
+    each is written), ``False`` when replaying a run recorded before."""
+    calls = workflow.patched(PATCH_RECORDED_CALLS)
+    return {
+        "recorded_calls": calls,
+        "recorded_decisions": calls and workflow.patched(PATCH_RECORDED_DECISIONS),
+    }
+
+
+def asked(code: str) -> Ask | None:
+    """A call's recorded wait for a person, from its codes."""
+    if ASKED in code:
+        return "untimed"
+    return "timed" if ASKED_TIMED in code else None
+
+
+def ask_code(ask: Ask | None) -> str:
+    return "" if ask is None else ASKED if ask == "untimed" else ASKED_TIMED
 
 
 @dataclass(frozen=True)
@@ -85,14 +134,30 @@ class Slot:
 class CallRecord:
     """The recorded decisions of one run's calls."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, by_activity: bool = False) -> None:
         self.enabled = enabled
+        self.by_activity = by_activity
 
     def mode(self) -> Mode:
-        """Asked at the moment of each decision: a workflow task is replayed or live as a whole."""
+        """Asked at the moment of each decision: a workflow task is replayed or live as a whole
+        (only runs recorded with a marker per decision tell the two apart)."""
         if not self.enabled:
             return "today"
+        if self.by_activity:
+            return "recorded"
         return "replay" if workflow.unsafe.is_replaying() else "live"
+
+    async def record(self, codes: list[str]) -> list[str]:
+        """Record ``codes`` (what today's definitions decided) and return the codes that stand:
+        the same, live; those recorded then, on replay. Call it only where history decides
+        that a recording is made (see the module docstring)."""
+        result: list[str] = await workflow.execute_local_activity(
+            RECORD_DECISIONS_ACTIVITY,
+            codes,
+            result_type=list[str],
+            start_to_close_timeout=RECORD_TIMEOUT,
+        )
+        return result
 
     def unknown(self, slot: Slot) -> bool:
         """Replay: whether the call named a tool the agent did not have when it was made."""

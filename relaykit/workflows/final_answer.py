@@ -4,9 +4,12 @@ An answer the agent's output type accepts ends the run; one it rejects makes the
 for a repair (or fail the run once the repairs allowed are spent). The output type is part of
 the agent's definition, which a deploy may change: a worker replaying a run must not accept an
 answer the run's first worker rejected, or reject one it accepted, since the commands that
-follow differ (another model call, or the end). So the live path records a rejection as a patch
-marker (``relaykit.answer.<turn>.rejected``), and a replay reads it back
-(:mod:`relaykit.workflows.call_record`).
+follow differ (another model call, or the end). So the verdict is decided once and recorded
+(:mod:`relaykit.workflows.call_record`): by the recording local activity, for each answer of a
+model call that asked for a structured answer (its recorded result says so,
+``ModelResponse.output_checked``; an answer of one that did not is accepted as it is, on replay
+too); in runs recorded before, a rejection as a patch marker (``relaykit.answer.<turn>.rejected``)
+that a replay reads back.
 
 Workflow code: deterministic, no I/O.
 """
@@ -19,7 +22,9 @@ from typing import Any
 from temporalio import workflow
 
 from relaykit.agent import Agent
+from relaykit.messages import ModelResponse
 from relaykit.output import OutputType
+from relaykit.workflows.call_record import REJECTED
 from relaykit.workflows.run_state import Run
 
 REJECTED_ON_REPLAY = "the answer did not match the output type when it was given"
@@ -51,18 +56,21 @@ class FinalAnswers:
             self._types[agent.name] = OutputType(agent.output_type)
         return self._types[agent.name]
 
-    def check(self, agent: Agent, text: str) -> Verdict:
-        verdict = self._check(agent, text)
+    async def check(self, agent: Agent, text: str, response: ModelResponse) -> Verdict:
+        """The verdict on ``text``, the answer of ``response``: today's, unless one was recorded."""
         mode = self.run.calls.mode()
+        if mode == "recorded":
+            if response.output_checked is False:  # no output type then
+                return Verdict(output=text)
+            verdict = self._check(agent, text)
+            codes = await self.run.calls.record([REJECTED if verdict.problem else ""])
+            return _as_recorded(verdict, text, codes == [REJECTED])
+        verdict = self._check(agent, text)
         marker = f"relaykit.answer.{self.run.state.turn}.rejected"
         if mode == "live" and verdict.problem is not None:
             workflow.patched(marker)
         elif mode == "replay":
-            rejected = workflow.patched(marker)
-            if rejected and verdict.problem is None:
-                return Verdict(problem=REJECTED_ON_REPLAY)
-            if not rejected and verdict.problem is not None:  # accepted then
-                return Verdict(output=text)
+            return _as_recorded(verdict, text, workflow.patched(marker))
         return verdict
 
     def _check(self, agent: Agent, text: str) -> Verdict:
@@ -73,3 +81,12 @@ class FinalAnswers:
             return Verdict(output=output_type.dump(output_type.parse(text)))
         except Exception as exc:  # noqa: BLE001 - a user validator may raise anything on model text
             return Verdict(problem=str(exc))
+
+
+def _as_recorded(verdict: Verdict, text: str, rejected: bool) -> Verdict:
+    """The verdict that stands: the recorded one, where today's output type decides otherwise."""
+    if rejected and verdict.problem is None:
+        return Verdict(problem=REJECTED_ON_REPLAY)
+    if not rejected and verdict.problem is not None:  # accepted then
+        return Verdict(output=text)
+    return verdict

@@ -155,7 +155,7 @@ class TurnLoop:
             if not message.tool_calls:
                 if state.mailbox:  # a message arrived during this turn: answer it too
                     continue
-                verdict = self.answers.check(agent, message.content)
+                verdict = await self.answers.check(agent, message.content, response)
                 if verdict.problem is None:
                     return self._finish(verdict.output)
                 self._ask_for_repair(agent, verdict.problem)

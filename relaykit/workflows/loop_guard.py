@@ -26,7 +26,7 @@ from temporalio import workflow
 
 from relaykit.agent import Agent
 from relaykit.messages import ToolCall
-from relaykit.runs import RepeatedCall, RunState
+from relaykit.runs import RepeatedCall, RepeatGuardState, RunState
 
 PATCH_ID = "relaykit-loop-guard"
 PATCH_ALL_KINDS = "relaykit-loop-guard.all-kinds"
@@ -70,6 +70,16 @@ def _catch_up(state: RunState) -> None:
                 content = content[: RESULT_HEAD - 1] + "…"
             by_id[message.tool_call_id].result = content
     guard.seen = total
+
+
+def guard_snapshot(state: RunState) -> RepeatGuardState:
+    """What the guard remembers now, to go back to when a turn's decisions are made again
+    (a replay whose definitions decided otherwise than the recorded decisions)."""
+    return state.repeats.model_copy(deep=True)
+
+
+def restore_guard(state: RunState, snapshot: RepeatGuardState) -> None:
+    state.repeats = snapshot.model_copy(deep=True)
 
 
 def check_repeat(

@@ -146,8 +146,9 @@ class Run:
 
     @property
     def calls(self) -> CallRecord:
-        """The recorded decisions of this run's tool calls (``RunSetup.recorded_calls``)."""
-        return CallRecord(self.setup_flag("recorded_calls"))
+        """The recorded decisions of this run's tool calls (``RunSetup.recorded_calls``, and
+        how: ``recorded_decisions``)."""
+        return CallRecord(self.setup_flag("recorded_calls"), self.setup_flag("recorded_decisions"))
 
     def setup_flag(self, name: str) -> bool:
         """A recorded choice of :class:`relaykit.runs.RunSetup` (the worker's configuration

@@ -116,6 +116,10 @@ class SubagentTasks:
         self.handles: dict[str, Any] = {}
         """Child handles of tasks started by this workflow run (not those of earlier runs of a
         run that continued as new): awaiting one waits until that child has really closed."""
+        self.starting = 0
+        """Spawns admitted in this turn whose task is not open yet: a turn's calls may all be
+        admitted before any starts (``relaykit.workflows.call_record``), and each counts
+        against ``max_concurrent`` from its admission."""
 
     @property
     def state(self) -> Any:
@@ -147,6 +151,7 @@ class SubagentTasks:
         """A new task, registered before its child starts: spawns of the same turn run
         concurrently and each must see the others when checking ``max_concurrent``."""
         state = self.state
+        self.starting = max(self.starting - 1, 0)
         state.tasks_started += 1
         task_id = f"task-{state.tasks_started}"
         task = SubagentTask(

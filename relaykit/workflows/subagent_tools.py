@@ -137,15 +137,19 @@ class SubagentTool(ToolKind):
                 f"No subagent named {name!r}; choose one of: {choices}.", is_error=True
             )
         running = self.tasks.running()
-        if len(running) >= self.capability.max_concurrent:
+        starting = self.tasks.starting
+        if len(running) + starting >= self.capability.max_concurrent:
             now = workflow.now()
+            described = [self.tasks.describe(t, now) for t in running]
+            described += ["one started by an earlier call of this turn"] * starting
             return ToolResult(
-                f"Refused: {len(running)} of at most {self.capability.max_concurrent} tasks are "
-                "already running: "
-                + "; ".join(self.tasks.describe(t, now) for t in running)
+                f"Refused: {len(running) + starting} of at most "
+                f"{self.capability.max_concurrent} tasks are already running: "
+                + "; ".join(described)
                 + ". Wait for one with wait_subagents or cancel one with cancel_subagent first.",
                 is_error=True,
             )
+        self.tasks.starting += 1  # until its task opens (SubagentTasks.open_task)
         return None
 
     async def _spawn(self, args: SpawnSubagentArgs) -> ToolResult:

@@ -36,6 +36,7 @@ Workflow code: deterministic, no I/O.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
@@ -45,8 +46,19 @@ from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
 from relaykit.workflows.agent_tools import ChildIds
 from relaykit.workflows.approvals import Approvals, Gate
-from relaykit.workflows.call_record import REFUSED_ON_REPLAY, TIMEOUT_ON_REPLAY, Ask, Mode, Slot
-from relaykit.workflows.loop_guard import check_repeat
+from relaykit.workflows.call_record import (
+    REFUSED,
+    REFUSED_ON_REPLAY,
+    TIMEOUT_ON_REPLAY,
+    UNKNOWN,
+    WAITS,
+    Ask,
+    Mode,
+    Slot,
+    ask_code,
+    asked,
+)
+from relaykit.workflows.loop_guard import check_repeat, guard_snapshot, restore_guard
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.subagent_tasks import SubagentTasks
@@ -54,6 +66,23 @@ from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind
 from relaykit.workflows.tool_table import AgentTools, build_table, stand_in
 
 PATCH_CALL_IDS = "relaykit.unique-call-ids"
+
+
+@dataclass
+class TurnPlan:
+    """What was decided about a turn's calls before any of them starts (runs that record their
+    decisions by the local activity, :mod:`relaykit.workflows.call_record`)."""
+
+    codes: list[str]
+    """Per call: the recorded decision codes."""
+    kinds: list[ToolKind | None] = field(default_factory=list)
+    gates: list[Gate] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """Per call: what its kind adds to its ``tool_call`` event (named before it is admitted)."""
+    admitted: dict[int, Prepared | Message] = field(default_factory=dict)
+    """Calls that wait for no other call's approval decision: the call to run, or the result
+    the model reads instead. The others are admitted after their wait
+    (:meth:`ToolPath._admit_gated`)."""
 
 
 class ToolPath:
@@ -133,15 +162,25 @@ class ToolPath:
         concurrent: list[tuple[int, Any]] = []
         barrier: tuple[int, ToolCall, ToolKind, Prepared] | None = None
         before = None  # [lovia semantics] concurrent[:before] run before the barrier
-        gates = self._gates(agent, table, calls, slots, mode)
+        plan = None
+        if mode == "recorded":
+            plan = await self._decide_turn(agent, table, calls, slots, routes or {})
+            gates = plan.gates
+        else:
+            gates = self._gates(agent, table, calls, slots, mode)
         for index, call in enumerate(calls):
-            kind = self._kind(agent, table, call, slots[index], mode, routes or {})
+            if plan is None:
+                kind = self._kind(agent, table, call, slots[index], mode, routes or {})
+            else:
+                kind = plan.kinds[index]
             data: dict[str, Any] = {
                 "call_id": call.id,
                 "name": call.name,
                 "arguments": call.arguments,
             }
-            if kind is not None:
+            if plan is not None:
+                data.update(plan.events[index])
+            elif kind is not None:
                 data.update(kind.call_event(call))
             run.emit("tool_call", data)
             problem = self._argument_problem(call)
@@ -149,7 +188,12 @@ class ToolPath:
                 results[index] = run.tool_message(call, problem, is_error=True)
                 continue
             if kind is not None and kind.barrier:
-                outcome = self._preflight_barrier(agent, table, kind, call, slots[index], barrier)
+                if plan is None:
+                    outcome = self._preflight_barrier(
+                        agent, table, kind, call, slots[index], barrier
+                    )
+                else:
+                    outcome = plan.admitted[index]
                 if isinstance(outcome, Message):
                     results[index] = outcome
                 else:
@@ -157,9 +201,9 @@ class ToolPath:
                     if run.setup_flag("handoff_in_request_order"):
                         before = len(concurrent)
                 continue
-            wait_for, decided = gates[index]
+            admitted = plan.admitted.get(index) if plan is not None else None
             concurrent.append(
-                (index, self._gated(agent, table, kind, call, slots[index], wait_for, decided))
+                (index, self._gated(agent, table, kind, call, slots[index], gates[index], admitted))
             )
         # [lovia semantics] request order: the calls before the handoff, then the handoff alone
         # (a barrier), then the calls after it; runs recorded before run the handoff last.
@@ -304,6 +348,134 @@ class ToolPath:
             return True, None
         return True, kind.approval_timeout or TIMEOUT_ON_REPLAY
 
+    # --- deciding a turn's calls, recorded by the local activity (call_record) ------------------
+
+    async def _decide_turn(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        calls: list[ToolCall],
+        slots: list[Slot],
+        routes: dict[str, str],
+    ) -> TurnPlan:
+        """Decide the turn's calls with today's definitions, record the decisions, and go on
+        with those that stand. Live they are the same; a replay whose definitions decide
+        otherwise undoes what deciding changed (the loop guard's counts, the child ids named,
+        spawns counted) and decides again as recorded."""
+        run = self.run
+        self.tasks.starting = 0  # the turn's spawns are counted from here
+        saved = (guard_snapshot(run.state), self.child_ids.mark(), self.tasks.starting)
+        plan = self._plan(agent, table, calls, slots, routes, None)
+        recorded = await run.calls.record(plan.codes)
+        if recorded == plan.codes or len(recorded) != len(calls):
+            return plan
+        restore_guard(run.state, saved[0])
+        self.child_ids.rewind(saved[1])
+        self.tasks.starting = saved[2]
+        return self._plan(agent, table, calls, slots, routes, recorded)
+
+    def _plan(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        calls: list[ToolCall],
+        slots: list[Slot],
+        routes: dict[str, str],
+        recorded: list[str] | None,
+    ) -> TurnPlan:
+        """The turn's decisions, in the order the live path makes them (the kind that answers
+        each call; which calls wait for a person and which wait for an earlier decision; the
+        handoffs, then the other calls that wait for nothing, admitted in call order), with
+        their codes: today's, or ``recorded``, which then stand."""
+        plan = TurnPlan(codes=list(recorded) if recorded is not None else [""] * len(calls))
+        codes = plan.codes
+        for index, call in enumerate(calls):
+            kind = table.kinds.get(call.name)
+            if recorded is None and kind is None:
+                codes[index] += UNKNOWN
+            elif UNKNOWN in codes[index]:  # unknown then (today's code may define it)
+                kind = None
+            elif kind is None:  # known then, gone now: the kind it was
+                kind = stand_in(
+                    self.run, self.approvals, self.tasks, self.child_ids, agent, call, routes
+                )
+            plan.kinds.append(kind)
+            plan.events.append(kind.call_event(call) if kind is not None else {})
+        if recorded is None:
+            asks = [
+                self._ask(table, call) if kind is not None else None
+                for call, kind in zip(calls, plan.kinds, strict=True)
+            ]
+            in_order = agent.approval_order == "request_order"
+        else:
+            asks = [asked(code) for code in codes]
+            in_order = any(WAITS in code for code in codes)
+        wanted = [ask is not None for ask in asks]
+        plan.gates = self.approvals.gates(calls, wanted, in_order)
+        for index, (ask, (wait_for, _)) in enumerate(zip(asks, plan.gates, strict=True)):
+            if recorded is None:
+                codes[index] += ask_code(ask) + (WAITS if wait_for is not None else "")
+        self._asks = dict(zip(slots, asks, strict=True))
+        barriers = [i for i, kind in enumerate(plan.kinds) if kind is not None and kind.barrier]
+        others = [
+            i for i, kind in enumerate(plan.kinds) if i not in barriers and plan.gates[i][0] is None
+        ]
+        first: ToolCall | None = None
+        for index in [*barriers, *others]:
+            call, kind = calls[index], plan.kinds[index]
+            if self._argument_problem(call) is not None:  # from the recorded text alone
+                continue
+            refused = None if recorded is None else REFUSED in codes[index]
+            outcome = self._settle(agent, table, kind, call, refused)
+            if kind is not None and kind.barrier and not isinstance(outcome, Message):
+                if first is None:
+                    first = call
+                else:  # a second handoff of the turn
+                    outcome = self.run.tool_message(
+                        call,
+                        "Rejected: only the first handoff of a turn runs; the conversation is "
+                        f"already being handed over by {first.name}.",
+                        is_error=True,
+                    )
+            if recorded is None and isinstance(outcome, Message) and kind is not None:
+                codes[index] += REFUSED
+            plan.admitted[index] = outcome
+        return plan
+
+    async def _admit_gated(
+        self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall
+    ) -> Prepared | Message:
+        """A call that waited for an earlier call's approval decision, admitted now (its
+        recording is scheduled for every such call: the turn's recorded codes say which)."""
+        if kind is None:  # unknown: recorded with the turn
+            return self._check(agent, table, kind, call)
+        verdict = self._check(agent, table, kind, call)
+        refused = isinstance(verdict, Message)
+        recorded = await self.run.calls.record([REFUSED if refused else ""])
+        if recorded == [REFUSED] and not refused:  # refused then, not today
+            return self.run.tool_message(call, REFUSED_ON_REPLAY, is_error=True)
+        if recorded == [""] and refused:  # ran then
+            return self._settle(agent, table, kind, call, False)
+        return verdict
+
+    def _settle(
+        self,
+        agent: Agent,
+        table: AgentTools,
+        kind: ToolKind | None,
+        call: ToolCall,
+        refused: bool | None,
+    ) -> Prepared | Message:
+        """Admit a call by today's checks (``refused`` is ``None``), or as recorded."""
+        run = self.run
+        if refused is False and kind is not None:  # it ran
+            check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch, ran=True)
+            return kind.replayed(call)
+        verdict = self._check(agent, table, kind, call)
+        if refused and not isinstance(verdict, Message):  # refused then, not today
+            return run.tool_message(call, REFUSED_ON_REPLAY, is_error=True)
+        return verdict
+
     # --- running them ---------------------------------------------------------------------------
 
     def _preflight_barrier(
@@ -336,13 +508,19 @@ class ToolPath:
         kind: ToolKind | None,
         call: ToolCall,
         slot: Slot,
-        wait_for: asyncio.Event | None,
-        decided: asyncio.Event | None,
+        gate: Gate,
+        admitted: Prepared | Message | None,
     ) -> Message:
+        """A call after the approval decision it waits for; ``admitted``: decided before the
+        turn's calls started (runs that record decisions by the local activity)."""
+        wait_for, decided = gate
         try:
             if wait_for is not None:
                 await wait_for.wait()
-            admitted = self._admit(agent, table, kind, call, slot)
+            if admitted is None and self.run.calls.mode() == "recorded":
+                admitted = await self._admit_gated(agent, table, kind, call)
+            elif admitted is None:
+                admitted = self._admit(agent, table, kind, call, slot)
             if isinstance(admitted, Message):
                 return admitted
             assert kind is not None
