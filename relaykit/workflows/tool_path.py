@@ -22,9 +22,9 @@ the subagent tools, handoffs):
    the transcript and makes the handoff's switch.
 
 Each decision that depends on the agents' definitions (is there such a tool, is the call
-refused, does it wait for a person and for how long) is made once, on the live path, and
-recorded; a replay reads it back instead of deciding again with today's definitions, and a call
-of a tool that today's code no longer defines replays as the kind it was
+refused, does it wait for a person and for how long) is made once and recorded
+(:mod:`relaykit.workflows.call_decisions`); a replay goes on with the recorded decision instead
+of today's, and a call of a tool that today's code no longer defines replays as the kind it was
 (:mod:`relaykit.workflows.call_record`, docs/deploy.md).
 
 A new kind of tool is one module implementing :class:`ToolKind`, listed in
@@ -36,7 +36,6 @@ Workflow code: deterministic, no I/O.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
@@ -46,43 +45,16 @@ from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
 from relaykit.workflows.agent_tools import ChildIds
 from relaykit.workflows.approvals import Approvals, Gate
-from relaykit.workflows.call_record import (
-    REFUSED,
-    REFUSED_ON_REPLAY,
-    TIMEOUT_ON_REPLAY,
-    UNKNOWN,
-    WAITS,
-    Ask,
-    Mode,
-    Slot,
-    ask_code,
-    asked,
-)
-from relaykit.workflows.loop_guard import check_repeat, guard_snapshot, restore_guard
+from relaykit.workflows.call_decisions import CallDecisions
+from relaykit.workflows.call_record import TIMEOUT_ON_REPLAY, Ask, Slot
+from relaykit.workflows.loop_guard import check_repeat
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.subagent_tasks import SubagentTasks
 from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
-from relaykit.workflows.tool_table import AgentTools, build_table, stand_in
+from relaykit.workflows.tool_table import AgentTools, build_table
 
 PATCH_CALL_IDS = "relaykit.unique-call-ids"
-
-
-@dataclass
-class TurnPlan:
-    """What was decided about a turn's calls before any of them starts (runs that record their
-    decisions by the local activity, :mod:`relaykit.workflows.call_record`)."""
-
-    codes: list[str]
-    """Per call: the recorded decision codes."""
-    kinds: list[ToolKind | None] = field(default_factory=list)
-    gates: list[Gate] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    """Per call: what its kind adds to its ``tool_call`` event (named before it is admitted)."""
-    admitted: dict[int, Prepared | Message] = field(default_factory=dict)
-    """Calls that wait for no other call's approval decision: the call to run, or the result
-    the model reads instead. The others are admitted after their wait
-    (:meth:`ToolPath._admit_gated`)."""
 
 
 class ToolPath:
@@ -96,8 +68,15 @@ class ToolPath:
         self.child_ids = ChildIds(run)
         self._tools: dict[str, AgentTools] = {}
         self._argument_problems: dict[str, str | None] = {}
-        self._asks: dict[Slot, Ask | None] = {}
-        """This turn's calls that wait for a person (decided by :meth:`_gates`)."""
+        self.decisions = CallDecisions(
+            run,
+            approvals,
+            tasks,
+            self.child_ids,
+            check=self._check,
+            ask=self._ask,
+            argument_problem=self._argument_problem,
+        )
 
     # --- what an agent may call -----------------------------------------------------------------
 
@@ -162,17 +141,17 @@ class ToolPath:
         concurrent: list[tuple[int, Any]] = []
         barrier: tuple[int, ToolCall, ToolKind, Prepared] | None = None
         before = None  # [lovia semantics] concurrent[:before] run before the barrier
-        plan = None
-        if mode == "recorded":
-            plan = await self._decide_turn(agent, table, calls, slots, routes or {})
+        decisions, plan = self.decisions, None
+        if mode == "recorded":  # decided before any call starts, by one local activity
+            plan = await decisions.decide_turn(agent, table, calls, slots, routes or {})
             gates = plan.gates
         else:
-            gates = self._gates(agent, table, calls, slots, mode)
+            gates = decisions.gates(agent, table, calls, slots, mode)
         for index, call in enumerate(calls):
-            if plan is None:
-                kind = self._kind(agent, table, call, slots[index], mode, routes or {})
-            else:
+            if plan is not None:
                 kind = plan.kinds[index]
+            else:
+                kind = decisions.kind(agent, table, call, slots[index], mode, routes or {})
             data: dict[str, Any] = {
                 "call_id": call.id,
                 "name": call.name,
@@ -188,12 +167,13 @@ class ToolPath:
                 results[index] = run.tool_message(call, problem, is_error=True)
                 continue
             if kind is not None and kind.barrier:
-                if plan is None:
-                    outcome = self._preflight_barrier(
-                        agent, table, kind, call, slots[index], barrier
-                    )
-                else:
+                if plan is not None:
                     outcome = plan.admitted[index]
+                else:
+                    first = barrier[1] if barrier is not None else None
+                    outcome = decisions.preflight_barrier(
+                        agent, table, kind, call, slots[index], first
+                    )
                 if isinstance(outcome, Message):
                     results[index] = outcome
                 else:
@@ -234,56 +214,7 @@ class ToolPath:
             )
         return done, switch
 
-    # --- deciding each call (recorded: relaykit.workflows.call_record) --------------------------
-
-    def _kind(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        call: ToolCall,
-        slot: Slot,
-        mode: Mode,
-        routes: dict[str, str],
-    ) -> ToolKind | None:
-        """The kind that answers ``call``: today's, or on replay the one the run called then.
-        An unknown tool is refused here, before any command of the turn, and recorded so."""
-        record = self.run.calls
-        kind = table.kinds.get(call.name)
-        if mode == "replay":
-            if record.unknown(slot):  # unknown then (today's code may define it)
-                return None
-            if kind is None:  # known then, gone now: the kind it was
-                kind = stand_in(
-                    self.run, self.approvals, self.tasks, self.child_ids, agent, call, routes
-                )
-        elif mode == "live" and kind is None:
-            record.record_unknown(slot)
-        return kind
-
-    def _gates(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        calls: list[ToolCall],
-        slots: list[Slot],
-        mode: Mode,
-    ) -> list[Gate]:
-        """Which calls will wait for a person, and the order of the turn's calls around them:
-        decided on the live path before any call starts (and recorded for each call that
-        waits), read back on replay."""
-        record = self.run.calls
-        asks: list[Ask | None]
-        if mode == "replay":
-            asks = [record.asked(slot) for slot in slots]
-        else:
-            asks = [self._ask(table, call) for call in calls]
-        if mode == "live":
-            for slot, ask in zip(slots, asks, strict=True):
-                if ask is not None:
-                    record.record_asked(slot, ask)
-        self._asks = dict(zip(slots, asks, strict=True))
-        wanted = [ask is not None for ask in asks]
-        return self.approvals.gates(calls, wanted, agent.approval_order == "request_order")
+    # --- deciding each call (relaykit.workflows.call_decisions) ---------------------------------
 
     def _ask(self, table: AgentTools, call: ToolCall) -> Ask | None:
         if not self._approval_hint(table, call):
@@ -294,24 +225,6 @@ class ToolPath:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
         kind = table.kinds.get(call.name)
         return kind is not None and not kind.barrier and kind.approval_hint(call)
-
-    def _admit(
-        self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall, slot: Slot
-    ) -> Prepared | Message:
-        """Unknown tool, loop guard, the kind's own argument check: the call to run, or the
-        result the model reads instead. Live, a refusal is recorded; on replay the recorded
-        decision stands, whatever today's definitions say."""
-        run = self.run
-        mode = run.calls.mode()
-        if mode == "replay" and kind is not None and not run.calls.refused(slot):  # it ran
-            check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch, ran=True)
-            return kind.replayed(call)
-        verdict = self._check(agent, table, kind, call)
-        if mode == "live" and isinstance(verdict, Message) and kind is not None:
-            run.calls.record_refused(slot)  # (an unknown tool is recorded by _kind)
-        if mode == "replay" and not isinstance(verdict, Message):  # refused then, not today
-            return run.tool_message(call, REFUSED_ON_REPLAY, is_error=True)
-        return verdict
 
     def _check(
         self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall
@@ -337,169 +250,18 @@ class ToolPath:
 
     def _approval(self, kind: ToolKind, prepared: Prepared, slot: Slot) -> tuple[bool, Any]:
         """Whether the call waits for a person, and its time limit: decided once, before the
-        turn's calls start (:meth:`_gates`), and recorded, so turning ``needs_approval`` on or
-        off (or changing ``approval_timeout``) changes only later calls."""
+        turn's calls start (:class:`CallDecisions`), and recorded, so turning ``needs_approval``
+        on or off (or changing ``approval_timeout``) changes only later calls."""
         if self.run.calls.mode() == "today":  # a run from before decisions were recorded
             return prepared.needs_approval, kind.approval_timeout
-        ask = self._asks.get(slot)
+        ask = self.decisions.asks.get(slot)
         if ask is None:
             return False, None
         if ask == "untimed":
             return True, None
         return True, kind.approval_timeout or TIMEOUT_ON_REPLAY
 
-    # --- deciding a turn's calls, recorded by the local activity (call_record) ------------------
-
-    async def _decide_turn(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        calls: list[ToolCall],
-        slots: list[Slot],
-        routes: dict[str, str],
-    ) -> TurnPlan:
-        """Decide the turn's calls with today's definitions, record the decisions, and go on
-        with those that stand. Live they are the same; a replay whose definitions decide
-        otherwise undoes what deciding changed (the loop guard's counts, the child ids named,
-        spawns counted) and decides again as recorded."""
-        run = self.run
-        self.tasks.starting = 0  # the turn's spawns are counted from here
-        saved = (guard_snapshot(run.state), self.child_ids.mark(), self.tasks.starting)
-        plan = self._plan(agent, table, calls, slots, routes, None)
-        recorded = await run.calls.record(plan.codes)
-        if recorded == plan.codes or len(recorded) != len(calls):
-            return plan
-        restore_guard(run.state, saved[0])
-        self.child_ids.rewind(saved[1])
-        self.tasks.starting = saved[2]
-        return self._plan(agent, table, calls, slots, routes, recorded)
-
-    def _plan(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        calls: list[ToolCall],
-        slots: list[Slot],
-        routes: dict[str, str],
-        recorded: list[str] | None,
-    ) -> TurnPlan:
-        """The turn's decisions, in the order the live path makes them (the kind that answers
-        each call; which calls wait for a person and which wait for an earlier decision; the
-        handoffs, then the other calls that wait for nothing, admitted in call order), with
-        their codes: today's, or ``recorded``, which then stand."""
-        plan = TurnPlan(codes=list(recorded) if recorded is not None else [""] * len(calls))
-        codes = plan.codes
-        for index, call in enumerate(calls):
-            kind = table.kinds.get(call.name)
-            if recorded is None and kind is None:
-                codes[index] += UNKNOWN
-            elif UNKNOWN in codes[index]:  # unknown then (today's code may define it)
-                kind = None
-            elif kind is None:  # known then, gone now: the kind it was
-                kind = stand_in(
-                    self.run, self.approvals, self.tasks, self.child_ids, agent, call, routes
-                )
-            plan.kinds.append(kind)
-            plan.events.append(kind.call_event(call) if kind is not None else {})
-        if recorded is None:
-            asks = [
-                self._ask(table, call) if kind is not None else None
-                for call, kind in zip(calls, plan.kinds, strict=True)
-            ]
-            in_order = agent.approval_order == "request_order"
-        else:
-            asks = [asked(code) for code in codes]
-            in_order = any(WAITS in code for code in codes)
-        wanted = [ask is not None for ask in asks]
-        plan.gates = self.approvals.gates(calls, wanted, in_order)
-        for index, (ask, (wait_for, _)) in enumerate(zip(asks, plan.gates, strict=True)):
-            if recorded is None:
-                codes[index] += ask_code(ask) + (WAITS if wait_for is not None else "")
-        self._asks = dict(zip(slots, asks, strict=True))
-        barriers = [i for i, kind in enumerate(plan.kinds) if kind is not None and kind.barrier]
-        others = [
-            i for i, kind in enumerate(plan.kinds) if i not in barriers and plan.gates[i][0] is None
-        ]
-        first: ToolCall | None = None
-        for index in [*barriers, *others]:
-            call, kind = calls[index], plan.kinds[index]
-            if self._argument_problem(call) is not None:  # from the recorded text alone
-                continue
-            refused = None if recorded is None else REFUSED in codes[index]
-            outcome = self._settle(agent, table, kind, call, refused)
-            if kind is not None and kind.barrier and not isinstance(outcome, Message):
-                if first is None:
-                    first = call
-                else:  # a second handoff of the turn
-                    outcome = self.run.tool_message(
-                        call,
-                        "Rejected: only the first handoff of a turn runs; the conversation is "
-                        f"already being handed over by {first.name}.",
-                        is_error=True,
-                    )
-            if recorded is None and isinstance(outcome, Message) and kind is not None:
-                codes[index] += REFUSED
-            plan.admitted[index] = outcome
-        return plan
-
-    async def _admit_gated(
-        self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall
-    ) -> Prepared | Message:
-        """A call that waited for an earlier call's approval decision, admitted now (its
-        recording is scheduled for every such call: the turn's recorded codes say which)."""
-        if kind is None:  # unknown: recorded with the turn
-            return self._check(agent, table, kind, call)
-        verdict = self._check(agent, table, kind, call)
-        refused = isinstance(verdict, Message)
-        recorded = await self.run.calls.record([REFUSED if refused else ""])
-        if recorded == [REFUSED] and not refused:  # refused then, not today
-            return self.run.tool_message(call, REFUSED_ON_REPLAY, is_error=True)
-        if recorded == [""] and refused:  # ran then
-            return self._settle(agent, table, kind, call, False)
-        return verdict
-
-    def _settle(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        kind: ToolKind | None,
-        call: ToolCall,
-        refused: bool | None,
-    ) -> Prepared | Message:
-        """Admit a call by today's checks (``refused`` is ``None``), or as recorded."""
-        run = self.run
-        if refused is False and kind is not None:  # it ran
-            check_repeat(run.state, call, agent.max_repeated_calls, kind.guard_patch, ran=True)
-            return kind.replayed(call)
-        verdict = self._check(agent, table, kind, call)
-        if refused and not isinstance(verdict, Message):  # refused then, not today
-            return run.tool_message(call, REFUSED_ON_REPLAY, is_error=True)
-        return verdict
-
     # --- running them ---------------------------------------------------------------------------
-
-    def _preflight_barrier(
-        self,
-        agent: Agent,
-        table: AgentTools,
-        kind: ToolKind,
-        call: ToolCall,
-        slot: Slot,
-        first: tuple[int, ToolCall, ToolKind, Prepared] | None,
-    ) -> Prepared | Message:
-        run = self.run
-        admitted = self._admit(agent, table, kind, call, slot)
-        if isinstance(admitted, Message) or first is None:
-            return admitted
-        # a second handoff of the turn: refused (and recorded, as every refusal)
-        if run.calls.mode() == "live":
-            run.calls.record_refused(slot)
-        return run.tool_message(
-            call,
-            "Rejected: only the first handoff of a turn runs; the conversation is "
-            f"already being handed over by {first[1].name}.",
-            is_error=True,
-        )
 
     async def _gated(
         self,
@@ -518,9 +280,9 @@ class ToolPath:
             if wait_for is not None:
                 await wait_for.wait()
             if admitted is None and self.run.calls.mode() == "recorded":
-                admitted = await self._admit_gated(agent, table, kind, call)
+                admitted = await self.decisions.admit_gated(agent, table, kind, call)
             elif admitted is None:
-                admitted = self._admit(agent, table, kind, call, slot)
+                admitted = self.decisions.admit(agent, table, kind, call, slot)
             if isinstance(admitted, Message):
                 return admitted
             assert kind is not None
