@@ -118,6 +118,24 @@ lovia_triage = Agent(
 after the turn's other call, and an invalid structured answer gets two repairs."""
 
 
+class Total(BaseModel):
+    """The structured answer of ``decider`` (recorded with one repair)."""
+
+    total: int
+
+
+decider = Agent(
+    name="decider",
+    instructions="Refund and add numbers.",
+    tools=[refund, add],
+    max_repeated_calls=1,
+    output_type=Total,
+)
+"""Recorded with decisions recorded by the local activity: a refund waits for a person and an
+``add`` for that decision, an unknown tool, a repeat the loop guard refuses, an answer the
+output type rejects, then one it accepts."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One recorded run: its history file, workflow id, task queue and root agent."""
@@ -145,6 +163,7 @@ SCENARIOS = [
         "guard_kinds", "replay-guard-kinds", guarded, "Cancel task-9 twice, add 1 and 1 twice."
     ),
     Scenario("before_lovia", "replay-before-lovia", lovia_triage, "I was charged twice."),
+    Scenario("decisions", "replay-decisions", decider, "Refund A1, then add 1 and 1."),
 ]
 
 

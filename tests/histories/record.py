@@ -10,7 +10,8 @@ unchanged, behind ``workflow.patched``)::
 It starts its own in-memory Temporal dev server and scripted model server, runs the scenarios
 of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by update and
 once by signal, a turn with a repeated call id, cut-off arguments and approvals in request
-order, a run before lovia's semantics, and repeated calls of two kinds under the loop guard)
+order, a run before lovia's semantics, repeated calls of two kinds under the loop guard, and
+decisions recorded by the local activity)
 with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
@@ -83,6 +84,17 @@ SCRIPTS: dict[str, list[Step]] = {
         text('{"queue": "billing"}'),
         text('{"queue": "billing", "refunded": true}'),
     ],
+    # Recorded with decisions recorded by the local activity (relaykit.record_decisions).
+    "decisions": [
+        batch(
+            call("refund", id="call_refund", order_id="A1", amount=30),
+            call("add", id="call_add_1", a=1, b=1),
+        ),
+        call("subtract", id="call_subtract", a=2, b=1),
+        call("add", id="call_add_2", a=1, b=1),
+        text("two"),
+        text('{"total": 2}'),
+    ],
 }
 
 
@@ -128,6 +140,9 @@ async def record(scenario: Scenario, client: Client, base_url: str) -> str:
                 "approve_signal",
                 ApprovalDecision(call_id=second, approved=False, reason="duplicate"),
             )
+        if scenario.name == "decisions":
+            await _wait_for_approvals(handle, 1)
+            await handle.approve("call_refund")
         if scenario.name == "approval":
             await _wait_for_approvals(handle, 2)
             await handle.approve("call_refund_a1")
