@@ -160,8 +160,9 @@ class DeliveryRequest(BaseModel):
 class RunSetup(BaseModel):
     """Choices that change the commands a run issues and depend on a worker's configuration.
 
-    Made once, at a run's first workflow task (and recorded there as patch markers), then
-    carried by the state, so any worker can replay any run whatever its own configuration.
+    Made once, at a run's first workflow task (and recorded there as patch markers: since
+    ``relaykit.run-setup.v2`` one for every behaviour of new runs), then carried by the state,
+    so any worker can replay any run whatever its own configuration.
     """
 
     search_attributes: bool = False

@@ -36,7 +36,8 @@ recorded activity; one recorded as refused is refused (:data:`REFUSED_ON_REPLAY`
 run switched to that today's code no longer defines is replayed with a stand-in agent
 (:func:`stand_in_agent`); at its next live turn the run fails with ``UnknownAgent``.
 
-Runs recorded before (``RunSetup.recorded_calls`` without ``recorded_decisions``) keep the
+Runs recorded before ``relaykit.run-setup.v2`` (``RunSetup.recorded_calls`` without
+``recorded_decisions``) keep the
 earlier scheme to their end: a patch marker per decision, named after the call's turn and
 position (``relaykit.call.<turn>.<position>.unknown``, ``.refused``, ``.asked``,
 ``.asked-timed``; ``relaykit.answer.<turn>.rejected``), each with Temporal's upsert of its
@@ -64,9 +65,6 @@ from relaykit.tools import Tool
 
 PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
 """``RunSetup.recorded_calls``: call decisions are recorded and replayed (compatibility data)."""
-PATCH_RECORDED_DECISIONS = "relaykit.decisions-by-local-activity"
-"""``RunSetup.recorded_decisions``: by the local activity, not a marker each (compatibility
-data)."""
 
 # The codes of recorded decisions (compatibility data: recorded in history).
 UNKNOWN = "u"
@@ -100,13 +98,10 @@ error text is in the transcript the model saw, not in history)."""
 
 
 def recorded_calls() -> dict[str, bool]:
-    """The ``RunSetup`` fields, for a run's first workflow task: ``True`` for a new run (a marker
-    each is written), ``False`` when replaying a run recorded before."""
-    calls = workflow.patched(PATCH_RECORDED_CALLS)
-    return {
-        "recorded_calls": calls,
-        "recorded_decisions": calls and workflow.patched(PATCH_RECORDED_DECISIONS),
-    }
+    """The ``RunSetup`` field, for the first workflow task of a run recorded before
+    ``relaykit.run-setup.v2`` (new runs have it on, and ``recorded_decisions`` too:
+    :data:`relaykit.workflows.run_state.NEW_RUN_CHOICES`): ``True`` when it holds the marker."""
+    return {"recorded_calls": workflow.patched(PATCH_RECORDED_CALLS)}
 
 
 def asked(code: str) -> Ask | None:

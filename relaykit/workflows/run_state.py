@@ -32,11 +32,16 @@ from relaykit.messages import Message, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
 from relaykit.workflows.context import ContextTransport
-from relaykit.workflows.semantics import recorded_semantics, recorded_tool_effects
+from relaykit.workflows.semantics import PATCHES, recorded_semantics, recorded_tool_effects
 
 # Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
 # consulted when the change applies (a marker lands in history only then).
 PATCH_RUN_SETUP = "relaykit.run-setup"
+PATCH_RUN_SETUP_V2 = "relaykit.run-setup.v2"
+"""A run that makes every choice of :data:`NEW_RUN_CHOICES` as new runs do, recorded by this
+one marker instead of a marker each (each also upserts ``TemporalChangeVersion``, and a dozen
+filled the first screen of the Temporal UI's compact view). A later change of what new runs
+do gets a patch of its own, asked for after this one (or a ``v3`` that implies it)."""
 PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
 PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 STATE_WRITERS: dict[str, str] = {
@@ -167,25 +172,32 @@ class Run:
 
     def record_setup(self) -> None:
         """Decide, once per run, what depends on the worker's configuration and changes the
-        commands a run issues (search attribute upserts, event groups), and record it: as patch
-        markers in the first workflow task, then in the state a continue-as-new carries. Any
-        worker replays the run the way it was recorded, whatever its own configuration."""
+        commands a run issues (search attribute upserts, event groups, and the behaviours new
+        runs have: :data:`NEW_RUN_CHOICES`), and record it: as patch markers in the first
+        workflow task (since v2 one for the behaviours, before one each), then in the state a
+        continue-as-new carries. Any worker replays the run the way it was recorded, whatever
+        its own configuration."""
         if self.state.setup is not None:
             return
-        if not workflow.patched(PATCH_RUN_SETUP):  # started before the choices were recorded
+        current = workflow.patched(PATCH_RUN_SETUP_V2)  # a new run: one marker for its choices
+        if not current and not workflow.patched(PATCH_RUN_SETUP):  # before they were recorded
             self.state.setup = RunSetup(
                 search_attributes=self.graph.search_attributes,
                 event_groups=self.graph.event_groups,
             )
             return
+        search_attributes = _recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
+        event_groups = _recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
+        if current:
+            choices = dict.fromkeys(NEW_RUN_CHOICES, True)
+        else:  # recorded before v2: a marker each, in this order
+            choices = {
+                **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
+                **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
+                **recorded_calls(),  # [deploys] relaykit.workflows.call_record
+            }
         self.state.setup = RunSetup(
-            search_attributes=_recorded_choice(
-                PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes
-            ),
-            event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
-            **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
-            **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
-            **recorded_calls(),  # [deploys] relaykit.workflows.call_record
+            search_attributes=search_attributes, event_groups=event_groups, **choices
         )
 
     # --- events and status ----------------------------------------------------------------------
@@ -336,6 +348,15 @@ class Run:
             await asyncio.gather(*self._background)
             if clear:
                 self._background.clear()
+
+
+NEW_RUN_CHOICES = (
+    *PATCHES,  # [lovia semantics, issue 25] relaykit.workflows.semantics
+    "tool_effects",  # relaykit.workflows.tool_outcome
+    "recorded_calls",  # [deploys] relaykit.workflows.call_record
+    "recorded_decisions",  # by the local activity (relaykit.workflows.call_record)
+)
+"""The ``RunSetup`` fields a run with :data:`PATCH_RUN_SETUP_V2` has on."""
 
 
 def _recorded_choice(patch_id: str, configured: bool) -> bool:

@@ -8,10 +8,12 @@ Five behaviours changed to match lovia 0.9.119: handoff and agent-tool names
 around its handoff (:meth:`relaykit.workflows.tool_path.ToolPath.run_calls`).
 
 Each changes what a run sends or the commands it issues, so each is decided once, at the run's
-first workflow task, by a patch marker (``workflow.patched``), and recorded in
-:class:`relaykit.runs.RunSetup`, which a continue-as-new carries. A run started before the change
-replays without the markers and keeps its old behaviour to its end, on any worker; a run
-continued from one keeps it too (the fields default to ``False``).
+first workflow task, and recorded in :class:`relaykit.runs.RunSetup`, which a continue-as-new
+carries: in runs started since ``relaykit.run-setup.v2`` by that one marker
+(:data:`relaykit.workflows.run_state.NEW_RUN_CHOICES`), before by a patch marker each
+(``workflow.patched``, below). A run started before the change replays without the markers and
+keeps its old behaviour to its end, on any worker; a run continued from one keeps it too (the
+fields default to ``False``).
 """
 
 from __future__ import annotations
