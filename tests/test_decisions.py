@@ -96,12 +96,13 @@ class Ticket(BaseModel):
     title: str
 
 
-def _agent(model: object, *, edited: bool) -> Agent:
-    """The agent as first deployed, or as edited since: ``wire`` no longer needs approval,
-    ``lookup`` is gone, a tool now answers ``cancel_order`` (unknown when the run called it),
-    the loop guard allows any number of repeats, and there is no output type."""
+def _agent(model: object, edit: str = "") -> Agent:
+    """The agent as first deployed; ``edited``: ``wire`` no longer needs approval, ``lookup``
+    is gone, a tool now answers ``cancel_order`` (unknown when the run called it), the loop
+    guard allows any number of repeats, and there is no output type; ``asks``: ``lookup``
+    needs approval too."""
 
-    @tool(name="wire", needs_approval=not edited)
+    @tool(name="wire", needs_approval=edit != "edited")
     def wire(amount: int) -> str:
         """Wire money.
 
@@ -110,7 +111,7 @@ def _agent(model: object, *, edited: bool) -> Agent:
         """
         return f"wired {amount}"
 
-    @tool(name="lookup")
+    @tool(name="lookup", needs_approval=edit == "asks")
     def lookup(q: str) -> str:
         """Look something up.
 
@@ -128,7 +129,7 @@ def _agent(model: object, *, edited: bool) -> Agent:
         """
         return f"cancelled {order_id}"
 
-    if edited:
+    if edit == "edited":
         return Agent(name="edited_decisions", model=model, tools=[wire, cancel_order])  # type: ignore[arg-type]
     return Agent(
         name="edited_decisions",
@@ -144,8 +145,9 @@ async def test_a_run_replays_under_edited_definitions_as_its_decisions_were_reco
 ) -> None:
     # Turn 1: wire waits for a person, lookup waits for that decision (request order); turn 2 an
     # unknown tool; turn 3 a repeat the guard refuses; then an answer the output type rejects,
-    # and one it accepts. Replayed by a worker whose definitions decide all of it otherwise, the
-    # run replays without a workflow task failure.
+    # and one it accepts. Replayed with the same definitions, with ones that decide all of it
+    # otherwise, and with lookup needing approval too, the run replays without a workflow task
+    # failure.
     model = scripted_model(model_server)
     model_server.script(
         model.name,
@@ -157,7 +159,7 @@ async def test_a_run_replays_under_edited_definitions_as_its_decisions_were_reco
             text('{"title": "done"}'),
         ],
     )
-    agent = _agent(model, edited=False)
+    agent = _agent(model)
     async with serving(client, agent) as worker:
         handle = await start_run(client, agent, "go", task_queue=worker.task_queue)
         for _ in range(200):
@@ -178,7 +180,8 @@ async def test_a_run_replays_under_edited_definitions_as_its_decisions_were_reco
     assert sum(_records_decisions(e) for e in events if e.event_type == MARKER) == 3 + 1 + 2
 
     history = await handle.workflow.fetch_history()
-    for graph in (AgentGraph.build([agent]), AgentGraph.build([_agent(model, edited=True)])):
+    for edit in ("", "edited", "asks"):
+        graph = AgentGraph.build([_agent(model, edit)])
         queue = f"replay-{uuid.uuid4().hex[:8]}"
         registry.register(queue, graph)
         try:
