@@ -15,7 +15,10 @@ the subagent tools, handoffs):
    approval decision it waits for: unknown tool, loop guard
    (:mod:`relaykit.workflows.loop_guard`), the kind's own argument check
    (:meth:`ToolKind.prepare`), a person's decision when the kind says one is needed, then the
-   kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget;
+   kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget (in
+   runs that record decisions by the local activity, the checks of a call that waits for no
+   approval decision are made in preflight, so that the turn's decisions are recorded at once:
+   :mod:`relaykit.workflows.call_decisions`);
 4. the barrier runs alone, in request order (lovia's: after the calls before it, before the
    calls after it; in runs recorded before that rule, after all of them); the results are
    returned in call order, each with its ``tool_result`` event, and the turn loop puts them in
