@@ -11,11 +11,12 @@ import threading
 import uuid
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
-from relaykit import Agent, ContextPolicy, registry, start_run, tool
+from relaykit import Agent, ContextPolicy, fork_run, registry, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.graph import AgentGraph
 from relaykit.testing.scripted_server import (
@@ -26,6 +27,7 @@ from relaykit.testing.scripted_server import (
     text,
 )
 from relaykit.worker import sandbox_runner
+from relaykit.workflows import model_turn
 from relaykit.workflows.agent_run import AgentRun
 from tests.support import activity_summaries, history_events, scripted_model, serving
 
@@ -164,3 +166,84 @@ async def test_a_steer_during_a_summary_call_is_accepted_at_once_and_the_next_tu
         "turn 3",
     ]
     assert replayed
+
+
+async def original_and_forks(
+    client: Client, model_server: ScriptedModelServer, at_turns: list[int]
+) -> tuple[list[ScriptedRequest], dict[int, ScriptedRequest], list[str]]:
+    """A run that summarises after turn 2 (turns 1-3 call a tool, turn 4 answers), then a fork
+    of it at each of ``at_turns``: the original's turn requests, each fork's first request, and
+    the original's model-call labels."""
+    model = scripted_model(model_server)
+    forking = False
+
+    def respond(request: ScriptedRequest) -> Step:
+        if is_summary(request):
+            return text("SUMMARY: step 1 done")
+        if forking:
+            return text("forked answer")
+        turn = sum(1 for r in model_server.requests(model.name) if not is_summary(r))
+        if turn <= 3:
+            return tool_turn(turn, 40 if turn <= 2 else 10)
+        return text("finished")
+
+    model_server.respond(model.name, respond)
+    agent = summarising_agent(model)
+    firsts: dict[int, ScriptedRequest] = {}
+    async with serving(client, agent) as worker:
+        original = await start_run(client, agent, "do the job", task_queue=worker.task_queue)
+        assert (await original.result()).output == "finished"
+        labels = [  # the model calls' (a tool call's names its tool)
+            label
+            for label in await activity_summaries(original.workflow, client)
+            if label.endswith(f" · {model.label}")
+        ]
+        turn_requests = [r for r in model_server.requests(model.name) if not is_summary(r)]
+        forking = True
+        for at in at_turns:
+            before = model_server.request_count(model.name)
+            fork = await fork_run(client, original.id, at)
+            assert (await fork.result()).output == "forked answer"
+            firsts[at] = model_server.requests(model.name)[before]
+    return turn_requests, firsts, labels
+
+
+def same_request(fork: ScriptedRequest, original: ScriptedRequest) -> None:
+    assert fork.messages == original.messages  # system prompt, task, calls, results, summary
+    assert fork.body.get("tools") == original.body.get("tools")
+
+
+async def test_a_fork_before_and_after_a_summary_starts_from_the_originals_request_at_that_turn(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    turn_requests, firsts, labels = await original_and_forks(client, model_server, [1, 2, 3])
+    assert [label.split(" · ")[1] for label in labels] == [
+        "turn 1",
+        "turn 2",
+        "summary after turn 2",
+        "turn 3",
+        "turn 4",
+    ]
+    # At turn 1: the task, turn 1's call and its result (not the summary prompt).
+    assert [m["role"] for m in firsts[1].messages] == ["system", "user", "assistant", "tool"]
+    for at in (1, 2, 3):
+        same_request(firsts[at], turn_requests[at])
+    assert "SUMMARY: step 1 done" in str(firsts[2].messages)
+
+
+async def test_a_fork_reads_a_summary_call_recorded_with_its_turns_label(
+    client: Client, model_server: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs recorded before summary calls had a label of their own show it as another call of
+    # the turn before it (turns 1, 2, 2, 3, 4); a fork still tells it from the turns.
+    monkeypatch.setattr(model_turn, "SUMMARY_LABEL", "turn")
+    turn_requests, firsts, labels = await original_and_forks(client, model_server, [1, 2])
+    assert [label.split(" · ")[1] for label in labels] == [
+        "turn 1",
+        "turn 2",
+        "turn 2",
+        "turn 3",
+        "turn 4",
+    ]
+    for at in (1, 2):
+        same_request(firsts[at], turn_requests[at])
