@@ -127,6 +127,23 @@ async def slow_charge_asked(n: int, ctx: ToolContext) -> str:
     return f"charged {n}"
 
 
+@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY)
+async def stepwise_charge(n: int) -> str:
+    """Charge a card in steps (a write), reporting each step with the SDK's own heartbeat.
+
+    Args:
+        n: Euros.
+    """
+    _record("stepwise_charge", n)
+    release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
+    step = 0
+    while not release.exists():
+        step += 1
+        activity.heartbeat({"step": step})
+        await asyncio.sleep(0.05)
+    return f"charged {n} in {step} steps"
+
+
 @tool(retry=_RETRY)
 def flaky_write(n: int, ctx: ToolContext) -> str:
     """A write whose first attempt fails with a retryable error.
@@ -197,6 +214,7 @@ crash_agent = Agent(
         slow_put,
         slow_charge,
         slow_charge_asked,
+        stepwise_charge,
         flaky_write,
     ],
 )
