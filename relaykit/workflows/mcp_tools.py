@@ -171,7 +171,7 @@ class MCPTool(ToolKind):
                 result_type=ToolOutcome,
                 # One attempt may have to restart a dead server before sending the request.
                 start_to_close_timeout=server.timeout + server.list_timeout,
-                heartbeat_timeout=server.heartbeat_timeout,
+                heartbeat_timeout=server.heartbeat_timeout or None,  # timedelta(0): off
                 retry_policy=server.retry,
                 task_queue=server.task_queue,
                 summary=tool_outcome.summary(
