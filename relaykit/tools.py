@@ -276,10 +276,21 @@ class Tool:
         return ToolOutcome(content=self.truncate(render_tool_output(value), max_result_bytes))
 
     def truncate(self, text: str, max_bytes: int = MAX_TOOL_RESULT_BYTES) -> str:
-        if len(text) > self.max_output_chars:
-            dropped = len(text) - self.max_output_chars
-            text = text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
-        return cut_to_bytes(text, max_bytes)
+        return cut_to_bytes(cap_output(text, self.max_output_chars), max_bytes)
+
+
+_CAPPED = re.compile(re.escape(TRUNCATION_MARKER).replace(r"\{dropped\}", r"[0-9]+"))
+
+
+def cap_output(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with :data:`TRUNCATION_MARKER`, once.
+
+    Applied where a result is made (a tool's activity, keeping history small) and again by the
+    tool path to every kind's result before the model reads it; a text already cut at ``limit``
+    (it ends in the marker right there) is left as it is, so nothing is cut or marked twice."""
+    if len(text) <= limit or _CAPPED.fullmatch(text, limit):
+        return text
+    return text[:limit] + TRUNCATION_MARKER.format(dropped=len(text) - limit)
 
 
 def cut_to_bytes(text: str, limit: int) -> str:

@@ -62,7 +62,7 @@ from relaykit.mcp import (
     MCPServer,
     MCPToolInfo,
 )
-from relaykit.tools import TRUNCATION_MARKER, ToolOutcome
+from relaykit.tools import ToolOutcome, cap_output
 
 logger = logging.getLogger(__name__)
 
@@ -428,7 +428,7 @@ class MCPSessions:
             ) from None
         text = render_result(result)
         return ToolOutcome(
-            content=_truncate(text, server.max_output_chars), is_error=bool(result.is_error)
+            content=cap_output(text, server.max_output_chars), is_error=bool(result.is_error)
         )
 
     async def _with_heartbeat(self, coro: Any) -> Any:
@@ -519,10 +519,3 @@ def render_result(result: Any) -> str:
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, ensure_ascii=False)
     return "\n".join(parts)
-
-
-def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    dropped = len(text) - limit
-    return text[:limit] + TRUNCATION_MARKER.format(dropped=dropped)

@@ -152,7 +152,12 @@ def handoff_activity(
     name: str | None = None,
 ) -> Callable[..., Any]:
     """The activity that runs ``on_handoff``, named after the handoff tool (``name``: another
-    name of it, e.g. the one runs started before lovia's names use)."""
+    name of it, e.g. the one runs started before lovia's names use).
+
+    The callback is user code with side effects, guarded like a tool of its declared effect
+    (``Handoff.effect``, a ``"write"`` by default): the attempt records that it starts it, beats
+    while it runs, and does not start it again after an attempt lost while it ran
+    (:class:`AttemptGuard`); inputs recorded before callbacks had effects run as before."""
     callback = handoff.on_handoff
     assert callback is not None
 
@@ -161,14 +166,18 @@ def handoff_activity(
         # opaque binary/null payload); the workflow ignores it, so old histories whose result
         # is None replay unchanged.
         args = HandoffArgs(reason=data.reason)
+        guard = await AttemptGuard.begin(data.effect, f"on_handoff {data.source} → {data.target}")
         try:
-            if inspect.iscoroutinefunction(callback):
-                await callback(args, data)
-            else:  # a blocking audit write must not stall the worker's event loop
-                await asyncio.get_running_loop().run_in_executor(
-                    executor, functools.partial(callback, args, data)
-                )
+            async with guard.beating():
+                if inspect.iscoroutinefunction(callback):
+                    await callback(args, data)
+                else:  # a blocking audit write must not stall the worker's event loop
+                    await asyncio.get_running_loop().run_in_executor(
+                        executor, functools.partial(callback, args, data)
+                    )
         except ApplicationError as exc:
+            if not exc.non_retryable:  # a known failure: the next attempt may run the callback
+                await guard.raised()
             raise bounded_application_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - a bug in the callback will not fix itself on retry
             raise ApplicationError(

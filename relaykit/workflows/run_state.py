@@ -32,7 +32,11 @@ from relaykit.messages import Message, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
 from relaykit.workflows.context import ContextTransport
-from relaykit.workflows.semantics import recorded_semantics, recorded_tool_effects
+from relaykit.workflows.semantics import (
+    recorded_path_checks,
+    recorded_semantics,
+    recorded_tool_effects,
+)
 
 # Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
 # consulted when the change applies (a marker lands in history only then).
@@ -185,6 +189,7 @@ class Run:
             **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
             **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
             **recorded_calls(),  # [deploys] relaykit.workflows.call_record
+            **recorded_path_checks(),  # [one tool path] output caps, handoff callback effects
         )
 
     # --- events and status ----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from temporalio import workflow
 from relaykit.agent import Agent, Handoff
 from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
+from relaykit.tools import cap_output
 from relaykit.workflows.agent_tools import ChildIds
 from relaykit.workflows.approvals import Approvals, Gate
 from relaykit.workflows.call_record import REFUSED_ON_REPLAY, TIMEOUT_ON_REPLAY, Ask, Mode, Slot
@@ -69,6 +70,8 @@ class ToolPath:
         self._argument_problems: dict[str, str | None] = {}
         self._asks: dict[Slot, Ask | None] = {}
         """This turn's calls that wait for a person (decided by :meth:`_gates`)."""
+        self._rules: dict[int, bool | Message] = {}
+        """This turn's answers of the tools' approval rules, by call object (see :meth:`_rule`)."""
 
     # --- what an agent may call -----------------------------------------------------------------
 
@@ -128,6 +131,7 @@ class ToolPath:
         run = self.run
         table = self.tools(agent)
         mode = run.calls.mode()
+        self._rules = {}
         slots = [Slot(run.state.turn, index) for index in range(len(calls))]
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
@@ -249,7 +253,29 @@ class ToolPath:
     def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
         kind = table.kinds.get(call.name)
-        return kind is not None and not kind.barrier and kind.approval_hint(call)
+        return kind is not None and not kind.barrier and self._rule(kind, call) is True
+
+    def _rule(self, kind: ToolKind, call: ToolCall) -> bool | Message:
+        """The tool's approval rule for ``call`` (``needs_approval``), asked once per call, for
+        every kind: whether it waits for a person, or, when the rule raised, the error result
+        the model reads instead. The rule is user code running in workflow code: one that
+        raises would raise on every retry of the workflow task, so it must never get past here.
+        A call whose rule raised before the turn started is refused even if the rule answers
+        when asked again: it never runs without the decision the rule failed to make."""
+        known = self._rules.get(id(call))
+        if known is None:
+            try:
+                known = bool(kind.approval_hint(call))
+            except Exception as exc:  # noqa: BLE001 - user code; its failure is the call's
+                known = self.run.tool_message(
+                    call,
+                    f"The call was not run: deciding whether tool {call.name!r} needs approval "
+                    f"failed: its needs_approval rule raised {type(exc).__name__}: "
+                    f"{head(str(exc))}",
+                    is_error=True,
+                )
+            self._rules[id(call)] = known
+        return known
 
     def _admit(
         self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall, slot: Slot
@@ -286,6 +312,10 @@ class ToolPath:
         prepared = kind.prepare(call)
         if isinstance(prepared, ToolResult):
             return run.tool_message(call, prepared.content, is_error=prepared.is_error)
+        rule = self._rule(kind, call)
+        if isinstance(rule, Message):
+            return rule
+        prepared.needs_approval = rule
         refused = kind.refusal(prepared)
         if refused is not None:
             return run.tool_message(call, refused.content, is_error=refused.is_error)
@@ -363,4 +393,15 @@ class ToolPath:
         result = await kind.execute(prepared)
         if result.usage is not None:  # a child's usage: the budget covers the whole tree
             run.add_usage(result.usage)
-        return run.tool_message(call, result.content, is_error=result.is_error), result.switch
+        content = self._capped(kind, result.content)
+        return run.tool_message(call, content, is_error=result.is_error), result.switch
+
+    def _capped(self, kind: ToolKind, content: str) -> str:
+        """The result as the model reads it: at most the kind's ``max_output_chars``, cut with
+        the marker function and MCP tools' activities use (their results arrive cut already;
+        an agent tool's child answers in full). Runs started before every kind was capped keep
+        their results whole (``RunSetup.capped_outputs``)."""
+        capped = cap_output(content, kind.max_output_chars)
+        if capped is content or not self.run.setup_flag("capped_outputs"):
+            return content
+        return capped
