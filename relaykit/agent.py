@@ -271,9 +271,9 @@ class Handoff:
     on_unknown: OnUnknown = "report"
     """When a ``"write"`` callback's outcome is unknown: ``"report"`` it in the handoff's result
     and the run's events, or ``"ask"`` a person whether it runs again (the handoff waits)."""
-    heartbeat_timeout: timedelta = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
+    heartbeat_timeout: timedelta | float = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
     """The callback heartbeats while it runs: a worker that dies under it is noticed after this
-    long, not after the callback's one-minute timeout."""
+    long (a ``timedelta`` or seconds), not after the callback's one-minute timeout."""
     legacy_name: str = field(default="", init=False, repr=False)
     """The tool name runs started before lovia's naming rule use (the same as ``name`` when it
     was given, or when both rules agree); calls by this name keep resolving."""
@@ -285,6 +285,14 @@ class Handoff:
         if not isinstance(self.target, Agent):
             raise ConfigurationError(f"Handoff target must be an Agent, got {self.target!r}")
         check_effect(self.effect, self.on_unknown, f"on_handoff of handoff to {self.target.name!r}")
+        if not isinstance(self.heartbeat_timeout, timedelta):
+            self.heartbeat_timeout = timedelta(seconds=self.heartbeat_timeout)
+        if self.heartbeat_timeout <= timedelta(0):
+            raise ConfigurationError(
+                f"on_handoff of handoff to {self.target.name!r} has "
+                f"heartbeat_timeout={self.heartbeat_timeout}",
+                hint="a positive time: how long a lost callback goes unnoticed",
+            )
         if self.name is None:
             self.name = agent_tool_name("transfer_to_", self.target.name)
             self.legacy_name = tool_name_for("transfer_to_", self.target.name)

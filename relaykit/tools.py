@@ -283,11 +283,9 @@ _CAPPED = re.compile(re.escape(TRUNCATION_MARKER).replace(r"\{dropped\}", r"[0-9
 
 
 def cap_output(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters with :data:`TRUNCATION_MARKER`, once.
-
-    Applied where a result is made (a tool's activity, keeping history small) and again by the
-    tool path to every kind's result before the model reads it; a text already cut at ``limit``
-    (it ends in the marker right there) is left as it is, so nothing is cut or marked twice."""
+    """``text`` cut to ``limit`` characters with :data:`TRUNCATION_MARKER`, once: by a tool's
+    activity (history stays small), then by the tool path for every kind; a text already cut
+    at ``limit`` is left as it is, so nothing is cut or marked twice."""
     if len(text) <= limit or _CAPPED.fullmatch(text, limit):
         return text
     return text[:limit] + TRUNCATION_MARKER.format(dropped=len(text) - limit)

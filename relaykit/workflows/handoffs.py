@@ -41,6 +41,12 @@ handoff fails with an error result (Temporal's default policy would retry a brok
 forever and stall the run)."""
 
 
+def handoff_heartbeat(handoff: Handoff) -> timedelta:
+    """``Handoff.heartbeat_timeout`` as a ``timedelta`` (the definition accepts seconds)."""
+    value = handoff.heartbeat_timeout
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
 class HandoffTool(ToolKind):
     barrier = True
     guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
@@ -146,7 +152,7 @@ class HandoffTool(ToolKind):
                 self.run_name,  # [lovia] the name as the run recorded it
                 sent,
                 start_to_close_timeout=timedelta(minutes=1),
-                heartbeat_timeout=handoff.heartbeat_timeout if effects else None,
+                heartbeat_timeout=handoff_heartbeat(handoff) if effects else None,
                 retry_policy=HANDOFF_CALLBACK_RETRY,
                 summary=tool_outcome.summary(f"{self.agent} → {handoff.target.name}", sent),
             )

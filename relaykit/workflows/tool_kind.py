@@ -119,6 +119,24 @@ class ToolKind:
         return Prepared(call) if isinstance(prepared, ToolResult) else prepared
 
 
+def approval_rule(kind: ToolKind, call: ToolCall) -> bool | str:
+    """Whether ``call`` waits for a person by its tool's rule, or the error text the model reads
+    when the rule raised. The rule is user code run in workflow code: one that raises would
+    raise again on every retry of the workflow task, so its failure is the call's, never the
+    run's."""
+    try:
+        return bool(kind.approval_hint(call))
+    except Exception as exc:  # noqa: BLE001 - any failure of user code: the call's result
+        try:
+            said = str(exc)[:500]
+        except Exception:  # noqa: BLE001 - a broken __str__ is user code too
+            said = "(its message could not be read)"
+        return (
+            f"The call was not run: deciding whether tool {call.name!r} needs approval failed: "
+            f"its needs_approval rule raised {type(exc).__name__}: {said}"
+        )
+
+
 def invalid_arguments(tool_name: str, exc: ValidationError) -> str:
     """What the model reads when its arguments do not validate: each problem with its place."""
     problems = "; ".join(

@@ -14,8 +14,11 @@ the subagent tools, handoffs):
 3. **execute**, the other calls concurrently (activities, child workflows), each after the
    approval decision it waits for: unknown tool, loop guard
    (:mod:`relaykit.workflows.loop_guard`), the kind's own argument check
-   (:meth:`ToolKind.prepare`), a person's decision when the kind says one is needed, then the
-   kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget;
+   (:meth:`ToolKind.prepare`), the tool's approval rule (user code, asked once per call and
+   guarded: a rule that raises is the call's error result, :func:`approval_rule`), a person's
+   decision when the rule says one is needed, then the kind runs the call
+   (:meth:`ToolKind.execute`), its usage counts towards the budget and its result is cut to the
+   kind's ``max_output_chars`` with the marker (:func:`relaykit.tools.cap_output`);
 4. the barrier runs alone, in request order (lovia's: after the calls before it, before the
    calls after it; in runs recorded before that rule, after all of them); the results are
    returned in call order, each with its ``tool_result`` event, and the turn loop puts them in
@@ -51,7 +54,13 @@ from relaykit.workflows.loop_guard import check_repeat
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.subagent_tasks import SubagentTasks
-from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
+from relaykit.workflows.tool_kind import (
+    PATCH_BAD_ARGUMENTS,
+    Prepared,
+    ToolKind,
+    ToolResult,
+    approval_rule,
+)
 from relaykit.workflows.tool_table import AgentTools, build_table, stand_in
 
 PATCH_CALL_IDS = "relaykit.unique-call-ids"
@@ -256,26 +265,14 @@ class ToolPath:
         return kind is not None and not kind.barrier and self._rule(kind, call) is True
 
     def _rule(self, kind: ToolKind, call: ToolCall) -> bool | Message:
-        """The tool's approval rule for ``call`` (``needs_approval``), asked once per call, for
-        every kind: whether it waits for a person, or, when the rule raised, the error result
-        the model reads instead. The rule is user code running in workflow code: one that
-        raises would raise on every retry of the workflow task, so it must never get past here.
-        A call whose rule raised before the turn started is refused even if the rule answers
-        when asked again: it never runs without the decision the rule failed to make."""
-        known = self._rules.get(id(call))
-        if known is None:
-            try:
-                known = bool(kind.approval_hint(call))
-            except Exception as exc:  # noqa: BLE001 - user code; its failure is the call's
-                known = self.run.tool_message(
-                    call,
-                    f"The call was not run: deciding whether tool {call.name!r} needs approval "
-                    f"failed: its needs_approval rule raised {type(exc).__name__}: "
-                    f"{head(str(exc))}",
-                    is_error=True,
-                )
-            self._rules[id(call)] = known
-        return known
+        """:func:`approval_rule`, asked once per call of the turn, for every kind: a call whose
+        rule raised before the turn started is refused even if the rule answers later."""
+        if id(call) not in self._rules:
+            rule = approval_rule(kind, call)
+            self._rules[id(call)] = (
+                rule if isinstance(rule, bool) else self.run.tool_message(call, rule, is_error=True)
+            )
+        return self._rules[id(call)]
 
     def _admit(
         self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall, slot: Slot
@@ -393,15 +390,7 @@ class ToolPath:
         result = await kind.execute(prepared)
         if result.usage is not None:  # a child's usage: the budget covers the whole tree
             run.add_usage(result.usage)
-        content = self._capped(kind, result.content)
+        content = result.content
+        if run.setup_flag("capped_outputs"):  # every kind's (an agent tool's too); runs from
+            content = cap_output(content, kind.max_output_chars)  # before: whole
         return run.tool_message(call, content, is_error=result.is_error), result.switch
-
-    def _capped(self, kind: ToolKind, content: str) -> str:
-        """The result as the model reads it: at most the kind's ``max_output_chars``, cut with
-        the marker function and MCP tools' activities use (their results arrive cut already;
-        an agent tool's child answers in full). Runs started before every kind was capped keep
-        their results whole (``RunSetup.capped_outputs``)."""
-        capped = cap_output(content, kind.max_output_chars)
-        if capped is content or not self.run.setup_flag("capped_outputs"):
-            return content
-        return capped
