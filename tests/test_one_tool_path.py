@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from relaykit import Agent, RunHandle, start_run, tool
+from relaykit import Agent, ConfigurationError, Handoff, RunHandle, start_run, tool
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from relaykit.tools import TRUNCATION_MARKER
 from tests.support import history_events, scripted_model, serving
@@ -145,6 +147,17 @@ async def test_a_small_cap_on_an_agent_tool_cuts_its_answer_with_the_same_marker
 
 
 # --- on_handoff lost in flight (a real worker process, SIGKILL) -----------------------------------
+
+
+def test_an_on_handoff_that_says_nothing_is_a_write_and_an_unknown_effect_is_refused() -> None:
+    target = Agent(name="billing")
+    handoff = Handoff(target, on_handoff=lambda args, data: None)
+    assert (handoff.effect, handoff.on_unknown) == ("write", "report")
+    assert handoff.heartbeat_timeout == timedelta(seconds=10)
+    assert Handoff(target, heartbeat_timeout=2).heartbeat_timeout == timedelta(seconds=2)
+    for options in ({"effect": "reads"}, {"on_unknown": "retry"}, {"heartbeat_timeout": 0}):
+        with pytest.raises(ConfigurationError, match=r"effect|on_unknown|heartbeat_timeout"):
+            Handoff(target, **options)
 
 
 async def test_an_on_handoff_lost_with_its_worker_starts_once_the_handoff_happens_and_the_run_says_its_outcome_is_unknown(  # noqa: E501
