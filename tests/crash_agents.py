@@ -15,7 +15,8 @@ The blocking tools come in each effect: ``slow_step`` is a read, ``slow_put`` id
 ``until_released`` keeps the default settings (a write). Each records ``tool argument`` when it
 starts, and ``tool argument key`` (its idempotency key) in ``CRASH_TOOL_LOG`` + ``.keys``.
 ``crash_handoff_agent`` hands over to ``crash_target`` through a handoff whose ``on_handoff``
-(a write, by default) records ``on_handoff reason`` and blocks the same way.
+(a write, by default) records ``on_handoff reason`` and blocks the same way;
+``crash_handoff_asking`` does the same with ``on_unknown="ask"``.
 
 Heartbeat timeouts are short (model calls and the slow tool), so a killed worker's in-flight call
 is retried elsewhere within seconds.
@@ -226,6 +227,21 @@ crash_handoff_agent = Agent(
         Handoff(
             crash_target,
             on_handoff=audit_handoff,
+            heartbeat_timeout=timedelta(seconds=TOOL_HEARTBEAT_SECONDS),
+        )
+    ],
+)
+
+crash_handoff_asking = Agent(
+    name="crash_handoff_asking",
+    instructions="Hand over.",
+    model=MODEL,
+    handoffs=[
+        Handoff(
+            crash_target,
+            name="transfer_asking",
+            on_handoff=audit_handoff,
+            on_unknown="ask",
             heartbeat_timeout=timedelta(seconds=TOOL_HEARTBEAT_SECONDS),
         )
     ],

@@ -194,3 +194,38 @@ async def test_an_on_handoff_lost_with_its_worker_starts_once_the_handoff_happen
         if line.startswith("on_handoff ")
     }
     assert key.startswith("rk-")
+
+
+async def test_an_on_handoff_asking_on_unknown_waits_for_a_person_and_runs_again_once_approved(
+    client: Client, rig: CrashRig
+) -> None:
+    server = rig.model_server
+    server.script(rig.model, [call("transfer_asking", id="c_hand", reason="ask"), text("taken")])
+    rig.start_worker()
+    handle = await start_run(client, "crash_handoff_asking", "go", task_queue=rig.task_queue)
+    await eventually(lambda: rig.tool_calls()["on_handoff ask"] >= 1, "on_handoff to start")
+    kill(rig.processes[0])
+    await forget_sticky_worker(client, handle)
+    rig.start_worker()
+
+    async def asked() -> bool:
+        return bool(await handle.pending_approvals())
+
+    await eventually(asked, "the question to a person", timeout=START_AND_FINISH)
+    (pending,) = await handle.pending_approvals()
+    assert (pending.call_id, pending.tool) == ("c_hand.rerun", "transfer_asking")
+    assert pending.reason is not None and "outcome unknown" in pending.reason
+    assert rig.tool_calls() == {"on_handoff ask": 1}  # not started again before the answer
+    rig.release_file.touch()
+    await handle.approve("c_hand.rerun")
+    result = await asyncio.wait_for(handle.result(), timeout=START_AND_FINISH)
+    assert result.output == "taken" and result.final_agent == "crash_target"
+    assert tool_results(result)["c_hand"].content == '{"assistant": "crash_target"}'
+    assert rig.tool_calls() == {"on_handoff ask": 2}  # once more, as the person approved
+    first, second = [
+        line.split()[-1]
+        for line in Path(f"{rig.tool_log}.keys").read_text().splitlines()
+        if line.startswith("on_handoff ")
+    ]
+    assert first == second and first.startswith("rk-")
+    assert await failed_workflow_tasks(handle) == []
