@@ -18,10 +18,10 @@ Everything that applies to every call is the tool path's, never a kind's: the ``
 ``tool_result`` events, the argument check (a JSON object), the unknown-tool answer, the loop
 guard, the guard around the approval rule, the approval wait and its order, the cap on the
 result's length (:attr:`ToolKind.max_output_chars`), the transcript message, and counting the
-usage a :class:`ToolResult` carries towards the budget. A kind never writes a transcript message and
-never asks for the approval its tool's rule requires; the one person it may ask is about a
-``"write"`` call lost in flight, through :mod:`relaykit.workflows.tool_outcome` (the kinds that
-run tool activities: function tools, MCP tools).
+usage a :class:`ToolResult` carries towards the budget. A kind never writes a transcript
+message and never asks for the approval its tool's rule requires; the one person it may ask is
+about a ``"write"`` lost in flight, through :mod:`relaykit.workflows.tool_outcome` (the kinds
+that run user code as activities: function tools, MCP tools, a handoff's ``on_handoff``).
 
 Workflow code: deterministic, no I/O.
 """
