@@ -202,8 +202,8 @@ def refund(amount: int) -> str:
 def audit_handoff(args: HandoffArgs, data: HandoffCallbackInput) -> None:
     """An ``on_handoff`` that writes (an audit record), then blocks until released (sync: it
     runs on the worker's tool pool while the activity heartbeats for it)."""
+    _record_key("on_handoff", args.reason, data.idempotency_key)  # first: a kill follows _record
     _record("on_handoff", args.reason)
-    _record_key("on_handoff", args.reason, data.idempotency_key)
     release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
     while not release.exists():
         time.sleep(0.05)
