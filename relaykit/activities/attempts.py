@@ -27,9 +27,6 @@ are calls whose input was recorded before tools had effects (``effect`` is ``Non
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -117,31 +114,6 @@ class AttemptGuard:
                 type=START_NOT_KEPT,
                 non_retryable=True,
             )
-
-    @contextlib.asynccontextmanager
-    async def beating(self) -> AsyncIterator[None]:
-        """Heartbeat while the code under it runs (a quarter of the heartbeat timeout apart),
-        each beat repeating this attempt's record, for code that cannot heartbeat itself (an
-        ``on_handoff`` callback): a worker that dies under it is noticed within the timeout."""
-        timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
-        if not timeout:
-            yield
-            return
-        interval = max(timeout.total_seconds() / 4, 0.05)
-
-        async def beat() -> None:
-            while True:
-                await asyncio.sleep(interval)
-                details = self.details
-                activity.heartbeat(*self.progress, *(() if details is None else (details,)))
-
-        task = asyncio.create_task(beat())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     @property
     def claimed(self) -> bool:

@@ -166,9 +166,11 @@ def handoff_activity(
         # opaque binary/null payload); the workflow ignores it, so old histories whose result
         # is None replay unchanged.
         args = HandoffArgs(reason=data.reason)
-        guard = await AttemptGuard.begin(data.effect, f"on_handoff {data.source} → {data.target}")
+        guard = await AttemptGuard.begin(
+            data.effect, f"on_handoff {data.source} → {data.target}", user_code=True
+        )
         try:
-            async with guard.beating():
+            async with attempt_beats().automatic():
                 if inspect.iscoroutinefunction(callback):
                     await callback(args, data)
                 else:  # a blocking audit write must not stall the worker's event loop
