@@ -45,7 +45,16 @@ from temporalio.client import Client
 
 from bench import chaos_checks as checks
 from bench.chaos_checks import requests_of_run
-from bench.chaos_model import Action, Plan, draw, model_for, turn_of
+from bench.chaos_model import (
+    CHILD_PREFIX,
+    Action,
+    Plan,
+    draw,
+    first_text,
+    is_summary,
+    model_for,
+    turn_of,
+)
 from relaykit.testing.scripted_server import ScriptedModelServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +86,8 @@ class Outcome:
     """Outcomes of actions that are allowed (a refused fork, a steer on a run that had ended)."""
     writes: int = 0
     forks_compared: int = 0
+    summaries: int = 0
+    child_calls: int = 0
     marks_checked: int = 0
     seconds: float = 0.0
     workdir: str = ""
@@ -293,8 +304,38 @@ class Driver:
             if time.monotonic() > deadline:
                 return f"no model request for {TRIGGER_SECONDS:g}s"
             await asyncio.sleep(0.1)
-        await asyncio.sleep(action.wait)
+        aim = await self.aim(action)
+        if aim is None:
+            await asyncio.sleep(action.wait)
+        elif not aim:
+            self.out.notes.append(f"{action.kind}@{action.at}: its moment did not come")
         return "the run ended first" if await self.closed(original) else None
+
+    async def aim(self, action: Action) -> bool | None:
+        """Some actions wait for the moment that is most likely to break something: a steer or
+        send while a summary call is in flight, a kill while a write runs, a fork once a
+        summary happened. ``None`` when the action does not aim; whether the moment came."""
+        summarizes = "summarize" in self.plan.features
+        if action.kind in ("steer", "send") and summarizes and action.knob < 0.5:
+            before = self.summaries()
+            return await self.until(lambda: self.summaries() > before)
+        if action.kind == "kill" and action.knob < 0.4:
+            before = checks.write_starts(self.rig.write_log)
+            return await self.until(lambda: checks.write_starts(self.rig.write_log) > before)
+        if action.kind == "fork" and summarizes and action.knob < 0.7:
+            return await self.until(lambda: self.summaries() > 0)
+        return None
+
+    def summaries(self) -> int:
+        return sum(1 for r in self.server.requests(self.model) if is_summary(r))
+
+    async def until(self, check: Any, timeout: float = 15.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline or await self.closed(self.runs[0]):
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def closed(self, run: Tracked) -> bool:
         try:
@@ -449,6 +490,8 @@ class Driver:
                 self.out.violations.append(f"{run.handle.id}: {problem}")
             if run.transcript_text.count(mark) > 1:
                 self.out.violations.append(f"{run.handle.id}: {mark} twice in the final transcript")
+        self.out.summaries = sum(1 for r in requests if is_summary(r))
+        self.out.child_calls = sum(1 for r in requests if first_text(r).startswith(CHILD_PREFIX))
         self.out.repeated_writes = checks.repeated_writes(self.rig.write_log)
         self.out.writes = checks.write_starts(self.rig.write_log)
         self.out.actions["kill"] += 0
@@ -530,6 +573,8 @@ def table(outcomes: list[Outcome]) -> str:
         ("kills (SIGKILL + restart)", str(actions["kill"])),
         ("deploys (changed definition)", str(actions["deploy"])),
         ("write starts", str(sum(o.writes for o in outcomes))),
+        ("summary calls (compaction)", str(sum(o.summaries for o in outcomes))),
+        ("model calls of child runs", str(sum(o.child_calls for o in outcomes))),
         ("forks compared with the original", str(sum(o.forks_compared for o in outcomes))),
         ("steers and sends traced", str(sum(o.marks_checked for o in outcomes))),
         ("wedged runs (workflow task failed)", str(sum(1 for o in outcomes if o.wedges))),

@@ -65,6 +65,11 @@ def task_failures(tree: Iterable[Any]) -> tuple[list[str], list[str]]:
             attrs = e.workflow_task_failed_event_attributes
             cause = WorkflowTaskFailedCause.Name(attrs.cause)
             message = attrs.failure.message.strip().splitlines()[0] if attrs.failure.message else ""
+            if not message and attrs.failure.HasField("application_failure_info"):
+                message = f"(no message) {attrs.failure.application_failure_info.type}"
+            if attrs.failure.stack_trace:  # where it was raised: the last frame
+                frames = [ln.strip() for ln in attrs.failure.stack_trace.splitlines() if ln.strip()]
+                message += f" at {frames[-2] if len(frames) > 1 else frames[-1]}"
             line = f"{wid} event {e.event_id}: {cause}: {message[:300]}"
             (benign if cause in BENIGN_TASK_FAILURES else wedges).append(line)
     return wedges, benign

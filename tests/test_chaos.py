@@ -21,12 +21,13 @@ from bench.chaos import run_seeds
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer
 
-SEEDS = [5, 18, 24, 48]
+SEEDS = [5, 9, 18, 20, 24, 48]
 """Chosen to cover every part of the graph and every kind of action between them (see
 ``bench.chaos_model.draw``): 5 deploys, forks, steers and cancels a run that continues as new;
-18 kills and deploys a handoff run with subagents, MCP and summaries; 24 does every action but
-cancel on a summarizing run with subagents; 48 kills, forks, pauses and cancels with an agent
-tool and MCP."""
+9 kills and forks a handoff run with an agent tool, subagents and summaries; 18 kills and
+deploys a handoff run with subagents, MCP and summaries; 20 deploys, forks, kills and steers a
+summarizing run; 24 does every action but cancel on a summarizing run with subagents; 48 kills,
+forks, pauses and cancels with an agent tool and MCP."""
 CONCURRENCY = 2
 
 
