@@ -595,6 +595,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=10, help="how many seeds (default 10)")
     parser.add_argument("--seed", type=int, default=1, help="the first seed (default 1)")
+    parser.add_argument("--seeds", default="", help="comma-separated seeds (instead of a range)")
     parser.add_argument("--concurrency", type=int, default=1, help="seeds at once (default 1)")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS, help="bound on ending")
     parser.add_argument("--keep", action="store_true", help="keep every run's worker logs")
@@ -609,7 +610,9 @@ async def amain(args: argparse.Namespace) -> int:
     from relaykit.devserver import DevServer
 
     workdir = Path(tempfile.mkdtemp(prefix="relaykit-chaos-"))
-    seeds = list(range(args.seed, args.seed + args.runs))
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or list(
+        range(args.seed, args.seed + args.runs)
+    )
     began = time.monotonic()
     with (
         DevServer(port=0, headless=True, in_memory=True) as temporal,
