@@ -46,7 +46,7 @@ from relaykit import (
 FEATURES = frozenset(f for f in os.environ.get("CHAOS_FEATURES", "").split(",") if f)
 VERSION = int(os.environ.get("CHAOS_VERSION", "1"))
 MCP_SERVER_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "mcp_docs_server.py"
-SUMMARY_WINDOW = 450
+SUMMARY_WINDOW = 250
 """Input tokens (as the scripted model reports them: a quarter of the transcript's JSON) after
 which a ``summarize`` run compacts: a few turns in."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from bench.chaos import run_seeds
+from bench.chaos import run_seeds, table
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer
 
@@ -38,6 +38,7 @@ async def test_fixed_seeds_of_operator_actions_and_faults_keep_every_run_safe(
     outcomes = await run_seeds(
         client, model_server, temporal_server.address, SEEDS, tmp_path, CONCURRENCY
     )
+    print(table(outcomes))  # shown with -s, and with a failure
     failing = [o.report() for o in outcomes if o.failed]
     assert not failing, "\n\n".join(failing)
     assert sum(o.actions["kill"] for o in outcomes) > 0
