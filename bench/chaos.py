@@ -265,19 +265,20 @@ class Driver:
 
         began = time.monotonic()
         self.server.respond(self.model, model_for(self.plan))
-        self.rig.start()
-        handle = await start_run(
-            self.client,
-            AGENT,
-            f"TASK {self.plan.tag}: help the customer with their account.",
-            task_queue=self.rig.task_queue,
-            id=f"chaos-{self.plan.seed}-{uuid.uuid4().hex[:8]}",
-            max_turns=40,
-            continue_as_new_after_turns=self.plan.continue_as_new_after_turns,
-        )
-        self.runs.append(Tracked(handle))
-        approver = asyncio.create_task(self.approve_loop())
+        approver: asyncio.Task[None] | None = None
         try:
+            self.rig.start()
+            handle = await start_run(
+                self.client,
+                AGENT,
+                f"TASK {self.plan.tag}: help the customer with their account.",
+                task_queue=self.rig.task_queue,
+                id=f"chaos-{self.plan.seed}-{uuid.uuid4().hex[:8]}",
+                max_turns=40,
+                continue_as_new_after_turns=self.plan.continue_as_new_after_turns,
+            )
+            self.runs.append(Tracked(handle))
+            approver = asyncio.create_task(self.approve_loop())
             for action in self.plan.actions:
                 why = await self.trigger(action)
                 if why:
@@ -286,9 +287,10 @@ class Driver:
                 await self.act(action)
             await self.settle_all()
             await self.check()
-        finally:
-            approver.cancel()
-            await asyncio.gather(approver, return_exceptions=True)
+        finally:  # whatever happened (a failure, a cancelled test): no process outlives the seed
+            if approver is not None:
+                approver.cancel()
+                await asyncio.gather(approver, return_exceptions=True)
             await self.cleanup()
             self.out.seconds = time.monotonic() - began
         return self.out
