@@ -12,7 +12,14 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
-from bench.chaos_model import content_text, conversation, is_top_level, turn_of, whole_text
+from bench.chaos_model import (
+    content_text,
+    conversation,
+    is_summary,
+    is_top_level,
+    turn_of,
+    whole_text,
+)
 from relaykit.testing.scripted_server import ScriptedRequest
 
 BENIGN_TASK_FAILURES = {
@@ -110,13 +117,15 @@ def write_starts(log: Path) -> int:
 def requests_of_run(
     requests: list[ScriptedRequest], fork_mark: str | None
 ) -> list[ScriptedRequest]:
-    """The top-level requests of the original run (no fork mark) or of the fork with that mark."""
+    """The top-level requests of the original run (no fork mark) or of the fork with that mark.
+    A fork's are found by its mark alone, not by the task they start with: a fork that lost
+    the task (started from a summary prompt, say) must be compared, not skipped."""
     out = []
     for req in requests:
-        if not is_top_level(req):
+        if is_summary(req):
             continue
         said = whole_text(req)
-        if fork_mark is None and "FORK-" not in said:
+        if fork_mark is None and is_top_level(req) and "FORK-" not in said:
             out.append(req)
         elif fork_mark is not None and fork_mark in said:
             out.append(req)
