@@ -16,6 +16,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -28,7 +29,14 @@ from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.names import agent_tool_name, disambiguated, is_valid_tool_name, tool_name_for
 from relaykit.runs import Budget
 from relaykit.tool_args import AgentToolArgs, HandoffArgs, HandoffCallbackInput, InputFilter
-from relaykit.tools import Tool
+from relaykit.tools import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
+    OnUnknown,
+    Tool,
+    ToolEffect,
+    check_effect,
+)
 
 
 class RunContext(BaseModel):
@@ -184,9 +192,11 @@ class Agent:
         description: str | None = None,
         max_turns: int = 50,
         budget: Budget | None = None,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
     ) -> AgentTool:
         """Delegate to this agent as a tool: it runs as a child workflow that sees only the prompt
-        the model wrote, and its final output comes back as the tool result."""
+        the model wrote, and its final output comes back as the tool result (cut to
+        ``max_output_chars`` with a marker, like a function tool's)."""
         return AgentTool(
             agent=self,
             name=name or agent_tool_name("ask_", self.name),
@@ -196,6 +206,7 @@ class Agent:
             or (f"Ask the {self.name} agent. " + (self.description or "")).strip(),
             max_turns=max_turns,
             budget=budget,
+            max_output_chars=max_output_chars,
         )
 
 
@@ -208,6 +219,9 @@ class AgentTool:
     description: str
     max_turns: int = 50
     budget: Budget | None = None
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    """The child's answer reaches the parent's model cut to this many characters, with a
+    marker (the whole answer stays in the child's result)."""
     legacy_name: str = ""
     """The tool name runs started before lovia's naming rule use (``name`` when empty); calls
     by this name keep resolving."""
@@ -249,6 +263,17 @@ class Handoff:
     """Called (sync or async) as an activity when the handoff executes."""
     input_filter: InputFilter | None = None
     """Rewrites the history the target sees (pure function; runs in workflow code)."""
+    effect: ToolEffect = "write"
+    """What ``on_handoff`` does to the world, as for ``@tool(effect=...)``: a callback that says
+    nothing is a write, never started again after an attempt whose outcome is unknown (its
+    worker died while it ran); the handoff still happens and the run says the callback's
+    outcome is unknown (docs/boundaries.md)."""
+    on_unknown: OnUnknown = "report"
+    """When a ``"write"`` callback's outcome is unknown: ``"report"`` it in the handoff's result
+    and the run's events, or ``"ask"`` a person whether it runs again (the handoff waits)."""
+    heartbeat_timeout: timedelta | float = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
+    """The callback heartbeats while it runs: a worker that dies under it is noticed after this
+    long (a ``timedelta`` or seconds), not after the callback's one-minute timeout."""
     legacy_name: str = field(default="", init=False, repr=False)
     """The tool name runs started before lovia's naming rule use (the same as ``name`` when it
     was given, or when both rules agree); calls by this name keep resolving."""
@@ -259,6 +284,15 @@ class Handoff:
     def __post_init__(self) -> None:
         if not isinstance(self.target, Agent):
             raise ConfigurationError(f"Handoff target must be an Agent, got {self.target!r}")
+        check_effect(self.effect, self.on_unknown, f"on_handoff of handoff to {self.target.name!r}")
+        if not isinstance(self.heartbeat_timeout, timedelta):
+            self.heartbeat_timeout = timedelta(seconds=self.heartbeat_timeout)
+        if self.heartbeat_timeout <= timedelta(0):
+            raise ConfigurationError(
+                f"on_handoff of handoff to {self.target.name!r} has "
+                f"heartbeat_timeout={self.heartbeat_timeout}",
+                hint="a positive time: how long a lost callback goes unnoticed",
+            )
         if self.name is None:
             self.name = agent_tool_name("transfer_to_", self.target.name)
             self.legacy_name = tool_name_for("transfer_to_", self.target.name)

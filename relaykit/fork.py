@@ -15,6 +15,14 @@ entered at the following turn boundary (injected messages, reports) are not part
 turn whose tool calls have no results yet (running, or waiting for approval) cannot be forked
 from; a final answer can.
 
+A compaction's summary call is no turn and is skipped: the turn after it was sent the compacted
+transcript inline, so a fork at the turn before a summary starts from what the origin sent next
+(the task, the summary and the recent turns), and a fork at an earlier turn from that turn's
+whole transcript. Summary calls are labelled ``summary after turn N``; recorded before that
+label, one carried the label of the turn before it and is told apart by its shape (that turn
+already answered; one inline user message, no tools). A call the run cancelled (a steer) was
+never answered, whatever its activity returned.
+
 The origin is untouched. The new run records where it came from in its input
 (:class:`~relaykit.runs.ForkOrigin`), its result (``forked_from``) and, when the namespace has
 it, the search attribute ``RelayForkOf``.
@@ -38,6 +46,7 @@ from relaykit.models.spec import ModelRequest
 from relaykit.runs import ForkOrigin, RunInput, RunResult
 from relaykit.search_attributes import RELAY_FORK_OF
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, MODEL_ACTIVITY
+from relaykit.workflows.model_turn import SUMMARY_LABEL
 
 
 class ForkError(RelaykitError):
@@ -50,7 +59,41 @@ class _ModelCall:
     turn: int
     agent: str
     request: ModelRequest
+    summary: bool = False
+    """A compaction's summary call: it is no turn, and what it was sent is no transcript."""
     response: ModelResponse | None = None
+    abandoned: bool = False
+    """Cancelled by the run (a steer, the run's cancellation): its answer was never used."""
+
+
+def _model_call(label: str, request: ModelRequest, run_id: str) -> _ModelCall:
+    """A model call from its activity summary, ``<agent> · turn <n> · <model>`` or
+    ``<agent> · summary after turn <n> · <model>``."""
+    agent, what, *_ = [*label.split(" · "), ""]
+    for prefix, summary in ((f"{SUMMARY_LABEL} ", True), ("turn ", False)):
+        number = what.removeprefix(prefix)
+        if what.startswith(prefix) and number.isdigit():
+            return _ModelCall(int(number), agent, request, summary=summary)
+    raise ForkError(
+        f"run {run_id!r} has a model call labelled {label!r}, which names no turn: "
+        "its turns cannot be rebuilt from its history"
+    )
+
+
+def _summary_before_labels(call: _ModelCall, answered: set[int]) -> bool:
+    """Whether ``call`` is a summary call recorded before summary calls were labelled: then
+    it carried the label of the turn before it, whose own call had already been answered, and
+    it sent the old messages as one user message, inline, with no tools. (A turn's call runs
+    again under the same label only when the first was steered away, or its transcript was
+    missing: neither was answered.)"""
+    request = call.request
+    return (
+        call.turn in answered
+        and not request.tools
+        and request.base_ref is None
+        and len(request.messages) == 1
+        and request.messages[0].role == "user"
+    )
 
 
 @dataclass
@@ -148,26 +191,30 @@ async def read_turns(client: Client, run_id: str) -> RunTurns:
                 if attrs.activity_type.name != MODEL_ACTIVITY:
                     continue
                 [request] = await convert.decode(attrs.input.payloads, [ModelRequest])
-                [summary] = await convert.decode([event.user_metadata.summary], [str])
-                # "<agent> · turn <n> · <model>" (the summary the loop writes for each call)
-                agent, turn, *_ = summary.split(" · ")
-                call = _ModelCall(int(turn.removeprefix("turn ")), agent, request)
+                [label] = await convert.decode([event.user_metadata.summary], [str])
+                call = _model_call(label, request, run_id)
                 by_event[event.event_id] = call
                 calls.append(call)
             elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 attrs = event.activity_task_completed_event_attributes
-                answered = by_event.get(attrs.scheduled_event_id)
-                if answered is not None:
-                    [answered.response] = await convert.decode(
-                        attrs.result.payloads, [ModelResponse]
-                    )
+                done = by_event.get(attrs.scheduled_event_id)
+                if done is not None:
+                    [done.response] = await convert.decode(attrs.result.payloads, [ModelResponse])
+            elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
+                attrs = event.activity_task_cancel_requested_event_attributes
+                cancelled = by_event.get(attrs.scheduled_event_id)
+                if cancelled is not None:
+                    cancelled.abandoned = True
     runs = RunTurns(
         first_input=first_input,
         task_queue=description.task_queue or "",
         open=description.status == WorkflowExecutionStatus.RUNNING,
     )
     transcript: list[Message] = []
+    answered: set[int] = set()
     for call in calls:
+        if call.summary or _summary_before_labels(call, answered):
+            continue  # the turn after it was sent the compacted transcript inline
         request = call.request
         if request.base_ref is not None:
             transcript = transcript[: request.base_count] + list(request.messages)
@@ -175,7 +222,8 @@ async def read_turns(client: Client, run_id: str) -> RunTurns:
             transcript = list(request.messages)
         view = TurnView(call.turn, call.agent, list(transcript))
         runs.turns[call.turn] = view  # a turn resent inline (store missing) keeps the last
-        if call.response is not None:
+        if call.response is not None and not call.abandoned:
+            answered.add(call.turn)
             answer = call.response.message.model_copy(update={"agent": call.agent})
             view.answer = answer
             transcript = [*transcript, answer]

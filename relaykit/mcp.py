@@ -39,7 +39,13 @@ from temporalio.common import RetryPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel
 from relaykit.names import MAX_TOOL_NAME, is_valid_tool_name, slug, tool_name_for
-from relaykit.tools import DEFAULT_MAX_OUTPUT_CHARS, OnUnknown, ToolEffect, check_effect
+from relaykit.tools import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
+    OnUnknown,
+    ToolEffect,
+    check_effect,
+)
 
 ACTIVITY_PREFIX = "mcp:"
 LIST_SUFFIX = ":list_tools"
@@ -94,8 +100,9 @@ class MCPServer:
     list_timeout: timedelta = timedelta(seconds=60)
     """One attempt of listing the tools, including starting the server."""
     heartbeat_timeout: timedelta | None = None
-    """Set it for long calls: the worker heartbeats while a call runs, so a dead worker is
-    noticed after this long instead of after ``timeout``."""
+    """The worker heartbeats while a call runs, so a dead worker is noticed after this long
+    instead of after ``timeout`` (``None`` means :data:`relaykit.tools.DEFAULT_TOOL_HEARTBEAT_
+    TIMEOUT`, 10 s, as for Python tools; ``timedelta(0)`` turns heartbeat timeouts off)."""
     retry: RetryPolicy = field(default_factory=lambda: DEFAULT_MCP_RETRY)
     task_queue: str | None = None
     """Run this server's activities (and so its process) on workers of another task queue."""
@@ -120,6 +127,8 @@ class MCPServer:
         for tool_name, effect in self.effects.items():
             check_effect(effect, self.on_unknown, f"tool {tool_name!r} of MCP server {self.name!r}")
         check_effect("write", self.on_unknown, f"MCP server {self.name!r}")
+        if self.heartbeat_timeout is None:
+            self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
         if self.prefix is not None and self.prefix and not is_valid_tool_name(self.prefix):
             raise ConfigurationError(
                 f"invalid tool prefix {self.prefix!r} for MCP server {self.name!r}",

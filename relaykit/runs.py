@@ -187,6 +187,13 @@ class RunSetup(BaseModel):
     """Tool calls carry their effect, so a ``"write"`` lost in flight is reported or asked about
     instead of run again (``relaykit.workflows.tool_outcome``); ``False`` for runs started
     before, which keep running in-flight calls again, also across continue-as-new."""
+    capped_outputs: bool = False
+    """Every kind's result reaches the model cut to its ``max_output_chars`` (an agent tool's
+    child answer too, not only function and MCP tools'); ``False`` for runs started before."""
+    handoff_effects: bool = False
+    """An ``on_handoff`` callback is an effect like a tool's (heartbeat, attempt claim, unknown
+    outcome, idempotency key: ``relaykit.workflows.handoffs``); ``False`` for runs started
+    before, whose lost callbacks run again."""
     recorded_calls: bool = False
     """Each call's decision (refused, asked a person, ran) is recorded when it is made and read
     back on replay, so edited agent definitions never change what a run already did

@@ -16,7 +16,7 @@ compatibility data (add fields with defaults, never rename or remove).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -45,6 +45,15 @@ class HandoffCallbackInput(BaseModel):
     reason: str | None = None
     turn: int
     workflow_id: str
+    idempotency_key: str = ""
+    """One key per handoff call, the same for every attempt (as a tool's
+    ``ToolContext.idempotency_key``); empty in inputs recorded before callbacks had one."""
+    effect: Literal["read", "idempotent", "write"] | None = None
+    """The callback's effect as the workflow recorded it (``Handoff.effect``); ``None`` in inputs
+    recorded before callbacks had effects (their attempts record nothing and always run)."""
+    on_unknown: Literal["report", "ask"] = "report"
+    rerun_approved: bool = False
+    """A person approved running the callback again after an attempt whose outcome was unknown."""
 
 
 class HandoffInputData(BaseModel):

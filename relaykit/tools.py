@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
-import dataclasses
 import functools
 import inspect
 import json
@@ -44,7 +42,6 @@ from typing import Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import to_json
-from temporalio import activity
 from temporalio.common import RetryPolicy
 
 from relaykit.errors import ConfigurationError
@@ -64,8 +61,9 @@ DEFAULT_TOOL_RETRY = RetryPolicy(
 repeat its side effects without end. After the last attempt the model gets an error result."""
 DEFAULT_TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 """How long a tool may go without a heartbeat before Temporal retries it elsewhere. Tools
-heartbeat automatically while they run (see :meth:`Tool.invoke`), so this only bounds how long a
-crashed worker holds a call; pass ``heartbeat_timeout=0`` to turn it off."""
+heartbeat automatically while they run (:mod:`relaykit.activities.heartbeats`), so this only
+bounds how long a crashed worker holds a call; pass ``heartbeat_timeout=0`` to turn it off. MCP
+tools have the same default."""
 ToolEffect = Literal["read", "idempotent", "write"]
 """What running a tool does to the world: ``"read"`` changes nothing, ``"idempotent"`` may change
 it but running it again with the same arguments (and :attr:`ToolContext.idempotency_key`) has no
@@ -247,38 +245,50 @@ class Tool:
         invocation: ToolInvocation,
         executor: concurrent.futures.Executor | None = None,
         max_result_bytes: int = MAX_TOOL_RESULT_BYTES,
-        guard: Any = None,
+        context: ToolContext | None = None,
     ) -> ToolOutcome:
-        """Run the function for one call (activity side).
+        """Run the function for one call: parse the arguments, call it, render and cut what it
+        returned.
 
         A sync function runs on ``executor`` (the worker's bounded tool pool): on the default
-        pool, hung tools would starve the file I/O of model calls. While the function runs, the
-        activity heartbeats on its own, repeating the last progress the tool reported, so a
-        retry after a crash still finds that progress. ``guard`` holds this attempt's start record
-        (:class:`relaykit.activities.attempts.AttemptGuard`): every heartbeat carries it after
-        the progress, so no heartbeat erases it.
-        """
+        pool, hung tools would starve the file I/O of model calls. ``context`` is what the tool
+        receives as its :class:`ToolContext` (the activity builds it, with the attempt's
+        heartbeats: :mod:`relaykit.activities.tool_activities`)."""
         try:
             parsed = self.parse_arguments(invocation.arguments)
         except ValueError as exc:
             return ToolOutcome(content=str(exc), is_error=True)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
-        beats = _Beats.start(guard)
         if self.context_param:
-            kwargs[self.context_param] = _tool_context(self.name, invocation, beats)
-        async with beats.running():
-            if inspect.iscoroutinefunction(self.function):
-                value = await self.function(**kwargs)
-            else:
-                call = functools.partial(contextvars.copy_context().run, self.function, **kwargs)
-                value = await asyncio.get_running_loop().run_in_executor(executor, call)
+            kwargs[self.context_param] = context or ToolContext(
+                call_id=invocation.call_id,
+                tool_name=self.name,
+                agent=invocation.agent,
+                workflow_id=invocation.workflow_id,
+                run_path=invocation.run_path,
+                idempotency_key=invocation.idempotency_key,
+            )
+        if inspect.iscoroutinefunction(self.function):
+            value = await self.function(**kwargs)
+        else:
+            call = functools.partial(contextvars.copy_context().run, self.function, **kwargs)
+            value = await asyncio.get_running_loop().run_in_executor(executor, call)
         return ToolOutcome(content=self.truncate(render_tool_output(value), max_result_bytes))
 
     def truncate(self, text: str, max_bytes: int = MAX_TOOL_RESULT_BYTES) -> str:
-        if len(text) > self.max_output_chars:
-            dropped = len(text) - self.max_output_chars
-            text = text[: self.max_output_chars] + TRUNCATION_MARKER.format(dropped=dropped)
-        return cut_to_bytes(text, max_bytes)
+        return cut_to_bytes(cap_output(text, self.max_output_chars), max_bytes)
+
+
+_CAPPED = re.compile(re.escape(TRUNCATION_MARKER).replace(r"\{dropped\}", r"[0-9]+"))
+
+
+def cap_output(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with :data:`TRUNCATION_MARKER`, once: by a tool's
+    activity (history stays small), then by the tool path for every kind; a text already cut
+    at ``limit`` is left as it is, so nothing is cut or marked twice."""
+    if len(text) <= limit or _CAPPED.fullmatch(text, limit):
+        return text
+    return text[:limit] + TRUNCATION_MARKER.format(dropped=len(text) - limit)
 
 
 def cut_to_bytes(text: str, limit: int) -> str:
@@ -298,128 +308,6 @@ def cut_to_bytes(text: str, limit: int) -> str:
         if size <= limit:
             return candidate
     return PAYLOAD_CUT_MARKER.format(dropped=len(text), limit=limit).lstrip()
-
-
-class _Beats:
-    """The automatic heartbeat of one tool attempt, and the progress it repeats.
-
-    Temporal keeps only the latest heartbeat details; a beat without them would erase the
-    progress a tool reported, so every automatic beat repeats the last progress (from this
-    attempt, else from the previous one)."""
-
-    def __init__(
-        self, interval: float | None, progress: tuple[Any, ...], guard: Any = None
-    ) -> None:
-        self.interval = interval
-        self.progress = progress
-        self.guard = guard
-
-    @classmethod
-    def start(cls, guard: Any = None) -> _Beats:
-        if not activity.in_activity():
-            return cls(None, ())
-        info = activity.info()
-        timeout = info.heartbeat_timeout
-        interval = max(timeout.total_seconds() / 4, 0.05) if timeout else None
-        beats = cls(interval, split_claim(info.heartbeat_details)[0], guard)
-        beats._record_direct_heartbeats()
-        return beats
-
-    def details(self, progress: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``progress`` followed by the attempt's start record, when it keeps one."""
-        claim = self.guard.details if self.guard is not None else None
-        if claim is None:
-            return progress
-        self.guard.progress = progress
-        return (*progress, claim)
-
-    def _record_direct_heartbeats(self) -> None:
-        """Tools may call ``activity.heartbeat(progress)`` themselves rather than through
-        :class:`ToolContext`; remember those details too, so automatic beats repeat them. The
-        SDK keeps the heartbeat function on a per-attempt context object. The same object's info
-        shows the tool the previous attempt's progress without relaykit's start record."""
-        context = getattr(activity, "_Context", None)
-        try:
-            current = context.current() if context is not None else None
-        except RuntimeError:
-            return
-        original = getattr(current, "heartbeat", None)
-        if current is None or original is None:
-            return
-        info = current.info()
-        progress, claim = split_claim(info.heartbeat_details)
-        if claim is not None:  # the tool sees its own progress, not relaykit's start record
-            shown = dataclasses.replace(info, heartbeat_details=progress)
-            current.info = lambda: shown
-
-        def recording(*details: Any) -> None:
-            progress, _ = split_claim(details)  # relaykit's own beats already carry the record
-            self.progress = progress
-            original(*self.details(progress))
-
-        current.heartbeat = recording
-
-    def send(self) -> None:
-        activity.heartbeat(*self.details(self.progress))
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> Any:
-        if self.interval is None:
-            yield
-            return
-
-        interval = self.interval
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(interval)
-                self.send()
-
-        task = asyncio.create_task(loop())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-def _tool_context(tool_name: str, invocation: ToolInvocation, beats: _Beats) -> ToolContext:
-    attempt, progress, beat = 1, None, None
-    workflow_id = invocation.workflow_id
-    if activity.in_activity():
-        info = activity.info()
-        workflow_id = workflow_id or info.workflow_id or ""
-        attempt = info.attempt
-        previous = split_claim(info.heartbeat_details)[0]
-        progress = previous[0] if previous else None
-        loop = asyncio.get_running_loop()
-        context = contextvars.copy_context()
-
-        def beat(value: Any) -> None:
-            beats.progress = (value,)
-            try:
-                on_loop = asyncio.get_running_loop() is loop
-            except RuntimeError:
-                on_loop = False
-            details = beats.details((value,))
-            if on_loop:
-                activity.heartbeat(*details)
-            else:  # a sync tool's thread: the SDK's heartbeat must run on the worker's loop
-                loop.call_soon_threadsafe(context.run, activity.heartbeat, *details)
-
-    ctx = ToolContext(
-        call_id=invocation.call_id,
-        tool_name=tool_name,
-        agent=invocation.agent,
-        workflow_id=workflow_id,
-        run_path=invocation.run_path,
-        attempt=attempt,
-        progress=progress,
-        idempotency_key=invocation.idempotency_key,
-    )
-    ctx._beat = beat
-    return ctx
 
 
 def split_claim(details: Any) -> tuple[tuple[Any, ...], dict[str, Any] | None]:

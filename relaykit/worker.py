@@ -24,6 +24,7 @@ from relaykit import registry
 from relaykit.activities.decisions import record_decisions
 from relaykit.activities.delivery import deliver_report
 from relaykit.activities.gone_tools import gone_tool
+from relaykit.activities.heartbeats import AttemptHeartbeats
 from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
@@ -225,9 +226,11 @@ class Worker:
         # only every 0.8 x heartbeat timeout (24 s for a model call).
         options.setdefault("max_heartbeat_throttle_interval", self._delta_interval)
         client_interceptors = self.client.config()["interceptors"]
+        # Every activity.heartbeat(...) of a tool keeps the attempt's start record.
+        options["interceptors"] = [*options.get("interceptors", ()), AttemptHeartbeats()]
         if self._tracing:
             added = worker_interceptors(client_interceptors, self.graph.tools, self._tracer)
-            options["interceptors"] = [*added, *options.get("interceptors", ())]
+            options["interceptors"] = [*added, *options["interceptors"]]
         if self._tracing or has_tracing_interceptor(client_interceptors):
             options.setdefault("workflow_runner", sandbox_runner("opentelemetry"))
         options.setdefault("workflow_runner", sandbox_runner())

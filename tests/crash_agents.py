@@ -14,6 +14,9 @@ The blocking tools come in each effect: ``slow_step`` is a read, ``slow_put`` id
 ``slow_charge`` and ``slow_charge_asked`` writes (the second with ``on_unknown="ask"``);
 ``until_released`` keeps the default settings (a write). Each records ``tool argument`` when it
 starts, and ``tool argument key`` (its idempotency key) in ``CRASH_TOOL_LOG`` + ``.keys``.
+``crash_handoff_agent`` hands over to ``crash_target`` through a handoff whose ``on_handoff``
+(a write, by default) records ``on_handoff reason`` and blocks the same way;
+``crash_handoff_asking`` does the same with ``on_unknown="ask"``.
 
 Heartbeat timeouts are short (model calls and the slow tool), so a killed worker's in-flight call
 is retried elsewhere within seconds.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,7 +34,7 @@ from temporalio import activity
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
-from relaykit import Agent, ModelSpec, ToolContext, tool
+from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, ModelSpec, ToolContext, tool
 
 MODEL_HEARTBEAT_SECONDS = 5.0
 """Long enough that a loaded machine does not time out a healthy model call (whose retry would
@@ -127,6 +131,23 @@ async def slow_charge_asked(n: int, ctx: ToolContext) -> str:
     return f"charged {n}"
 
 
+@tool(heartbeat_timeout=TOOL_HEARTBEAT_SECONDS, retry=_RETRY)
+async def stepwise_charge(n: int) -> str:
+    """Charge a card in steps (a write), reporting each step with the SDK's own heartbeat.
+
+    Args:
+        n: Euros.
+    """
+    _record("stepwise_charge", n)
+    release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
+    step = 0
+    while not release.exists():
+        step += 1
+        activity.heartbeat({"step": step})
+        await asyncio.sleep(0.05)
+    return f"charged {n} in {step} steps"
+
+
 @tool(retry=_RETRY)
 def flaky_write(n: int, ctx: ToolContext) -> str:
     """A write whose first attempt fails with a retryable error.
@@ -178,16 +199,58 @@ def refund(amount: int) -> str:
     return f"refunded {amount}"
 
 
+def audit_handoff(args: HandoffArgs, data: HandoffCallbackInput) -> None:
+    """An ``on_handoff`` that writes (an audit record), then blocks until released (sync: it
+    runs on the worker's tool pool while the activity heartbeats for it)."""
+    _record_key("on_handoff", args.reason, data.idempotency_key)  # first: a kill follows _record
+    _record("on_handoff", args.reason)
+    release = Path(os.environ.get("CRASH_RELEASE_FILE", "release"))
+    while not release.exists():
+        time.sleep(0.05)
+
+
+MODEL = ModelSpec(
+    provider="openai",
+    name=os.environ.get("CRASH_MODEL_NAME", "crash-model"),
+    base_url=f"{os.environ.get('CRASH_MODEL_URL', 'http://127.0.0.1:9')}/v1",
+    heartbeat_timeout_seconds=MODEL_HEARTBEAT_SECONDS,
+    timeout_seconds=30,
+)
+
+crash_target = Agent(name="crash_target", instructions="Take over.", model=MODEL)
+
+crash_handoff_agent = Agent(
+    name="crash_handoff_agent",
+    instructions="Hand over.",
+    model=MODEL,
+    handoffs=[
+        Handoff(
+            crash_target,
+            on_handoff=audit_handoff,
+            heartbeat_timeout=timedelta(seconds=TOOL_HEARTBEAT_SECONDS),
+        )
+    ],
+)
+
+crash_handoff_asking = Agent(
+    name="crash_handoff_asking",
+    instructions="Hand over.",
+    model=MODEL,
+    handoffs=[
+        Handoff(
+            crash_target,
+            name="transfer_asking",
+            on_handoff=audit_handoff,
+            on_unknown="ask",
+            heartbeat_timeout=timedelta(seconds=TOOL_HEARTBEAT_SECONDS),
+        )
+    ],
+)
+
 crash_agent = Agent(
     name="crash_agent",
     instructions="Use the tools, then answer.",
-    model=ModelSpec(
-        provider="openai",
-        name=os.environ.get("CRASH_MODEL_NAME", "crash-model"),
-        base_url=f"{os.environ.get('CRASH_MODEL_URL', 'http://127.0.0.1:9')}/v1",
-        heartbeat_timeout_seconds=MODEL_HEARTBEAT_SECONDS,
-        timeout_seconds=30,
-    ),
+    model=MODEL,
     tools=[
         quick,
         slow_step,
@@ -197,6 +260,7 @@ crash_agent = Agent(
         slow_put,
         slow_charge,
         slow_charge_asked,
+        stepwise_charge,
         flaky_write,
     ],
 )

@@ -3,7 +3,8 @@
 
 The model and the MCP server's log come from the environment (see ``tests/test_mcp.py``); the
 docs server runs as the worker's stdio subprocess. A short heartbeat timeout lets the call in
-flight at the kill be retried on the next worker within seconds.
+flight at the kill be retried on the next worker within seconds; ``MCP_TEST_DEFAULT_HEARTBEAT``
+leaves the docs server at the default one instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ docs = MCPServer.stdio(
     "docs",
     [sys.executable, str(HERE / "mcp_docs_server.py")],
     env_from_env=["MCP_TEST_LOG", "MCP_TEST_DOCS", "MCP_TEST_RELEASE"],
-    heartbeat_timeout=5,
+    heartbeat_timeout=None if os.environ.get("MCP_TEST_DEFAULT_HEARTBEAT") else 5,
     retry=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
 )
 

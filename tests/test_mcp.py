@@ -892,6 +892,52 @@ async def test_one_run_uses_stdio_and_http_servers_and_survives_a_server_kill_an
         await asyncio.sleep(0.1)
 
 
+async def test_mcp_call_on_a_killed_worker_is_retried_after_the_default_heartbeat_timeout(
+    client: Client, temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    # No heartbeat_timeout given: MCP calls heartbeat by default like Python tools (10 s), so
+    # the call in flight on a SIGKILLed worker is retried after seconds, not after its
+    # start-to-close timeout (timeout + list_timeout: 3 minutes).
+    from tests.test_crash_recovery import forget_sticky_worker, kill
+
+    log = ServerLog(tmp_path / "stdio.log")
+    release = tmp_path / "release"
+    workers = WorkerProcesses(
+        temporal_server,
+        model_server,
+        tmp_path,
+        extra_env={
+            "MCP_TEST_LOG": str(log.path),
+            "MCP_TEST_RELEASE": str(release),
+            "MCP_TEST_DEFAULT_HEARTBEAT": "1",
+        },
+    )
+    model_server.script(workers.model, [call("docs_slow", id="c_slow", seconds=0), text("back")])
+    try:
+        first = workers.start()
+        handle = await start_run(client, "mcp_crash_agent", "go", task_queue=workers.task_queue)
+        await wait_for_log(log, "slow", "the slow call never started")
+        workers.start()  # polling before the kill: the wait below is Temporal's, not a start-up
+        ready = tmp_path / "worker-1.log"
+        deadline = time.monotonic() + RESULT_TIMEOUT
+        while b"worker on task queue" not in ready.read_bytes():
+            assert time.monotonic() < deadline, "the second worker never started"
+            await asyncio.sleep(0.1)
+        kill(first)
+        killed = time.monotonic()
+        await forget_sticky_worker(client, handle)
+        release.touch()
+        while log.started()["slow 0"] + log.started()["slow 0.0"] < 2:
+            assert time.monotonic() - killed < 30, "the call was not retried within 30 s"
+            await asyncio.sleep(0.1)
+        result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    finally:
+        workers.close()
+    assert result.output == "back"
+    (message,) = [m for m in result.transcript if m.role == "tool"]
+    assert message.content.startswith("waited 0") and not message.is_error
+
+
 # --- the example ----------------------------------------------------------------------------------
 
 

@@ -110,7 +110,8 @@ async def test_a_worker_without_tracing_adds_no_interceptor(
     agent = Agent(name="plain", model=scripted_model(model_server))
     async with Worker(client, agent, task_queue=f"tq-{uuid.uuid4().hex[:10]}") as worker:
         assert worker._worker is not None
-        assert not worker._worker.config()["interceptors"]
+        interceptors = worker._worker.config()["interceptors"]
+        assert not any(isinstance(i, TracingInterceptor) for i in interceptors)
     monkeypatch.setenv(TRACING_ENV, "on")
     async with Worker(client, agent, task_queue=f"tq-{uuid.uuid4().hex[:10]}") as worker:
         assert worker._worker is not None

@@ -7,8 +7,13 @@ forever with an unbounded policy). Instead, the worker's dynamic activity answer
 it has no tool for: an error result saying the tool is gone, or, for a ``"write"`` call whose
 earlier attempt was lost after it started, the unknown outcome that call really has.
 
-Activity types of relaykit itself (``relaykit.*``) and of MCP (``mcp:*``) are not tools of the
-agents' code: those still fail as not registered.
+Only calls a relaykit run scheduled are answered so: the activity's info names the workflow type
+that scheduled it (a public field of every activity task), and relaykit's runs are all
+``AgentRun``. An activity of another application that shares the task queue (or of a workflow
+the user registered next to relaykit's) is not relaykit's to answer: it fails as a worker without
+that type would fail it, retryably, so a retry reaches a worker that has it. Activity types of
+relaykit itself (``relaykit.*``) and of MCP (``mcp:*``) are not tools of the agents' code: those
+still fail as not registered.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from relaykit.activities.attempts import AttemptGuard
+from relaykit.runs import AGENT_RUN_WORKFLOW
 from relaykit.tools import ToolOutcome
 
 RELAYKIT_TYPES = ("relaykit.", "mcp:")
@@ -37,8 +43,23 @@ def is_tool_type(kind: str) -> bool:
     return not kind.startswith(RELAYKIT_TYPES)
 
 
+def not_registered(kind: str) -> ApplicationError:
+    """The failure of an activity type this worker does not serve, as the SDK words it for a
+    worker without a dynamic activity (retryable: another worker on the queue may have it)."""
+    info = activity.info()
+    return ApplicationError(
+        f"Activity function {kind} for workflow {info.workflow_id} is not registered on this "
+        f"worker (a relaykit worker; the activity was scheduled by workflow type "
+        f"{info.workflow_type!r}, not by a relaykit run)",
+        type="NotFoundError",
+    )
+
+
 async def answer_gone(kind: str, args: Sequence[RawValue]) -> Any:
     """The outcome of a call of tool ``kind``, which this worker does not define."""
+    if activity.info().workflow_type != AGENT_RUN_WORKFLOW:  # not relaykit's call
+        activity.logger.info("activity %s is not relaykit's: left to its own workers", kind)
+        raise not_registered(kind)
     if not is_tool_type(kind) or not args:
         raise ApplicationError(
             f"activity type {kind!r} is not registered on this worker",

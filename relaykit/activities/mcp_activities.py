@@ -52,6 +52,7 @@ from temporalio.exceptions import ApplicationError
 from relaykit import errors
 from relaykit.activities.attempts import AttemptGuard
 from relaykit.activities.gone_tools import answer_gone
+from relaykit.activities.heartbeats import attempt_beats
 from relaykit.activities.mcp_launch import orphan_safe_command
 from relaykit.mcp import (
     ACTIVITY_PREFIX,
@@ -61,7 +62,7 @@ from relaykit.mcp import (
     MCPServer,
     MCPToolInfo,
 )
-from relaykit.tools import TRUNCATION_MARKER, ToolOutcome
+from relaykit.tools import ToolOutcome, cap_output
 
 logger = logging.getLogger(__name__)
 
@@ -402,7 +403,7 @@ class MCPSessions:
             return await client.call_tool(request.tool, arguments, read_timeout_seconds=timeout)
 
         try:
-            result = await self._with_heartbeat(self._request(server, send, timeout), guard)
+            result = await self._with_heartbeat(self._request(server, send, timeout))
         except ApplicationError:
             if guard.claimed:  # a "write" sent, then no answer (broken, timed out): it may have run
                 raise guard.lost(f"MCP tool {server.name}/{request.tool}") from None
@@ -427,16 +428,18 @@ class MCPSessions:
             ) from None
         text = render_result(result)
         return ToolOutcome(
-            content=_truncate(text, server.max_output_chars), is_error=bool(result.is_error)
+            content=cap_output(text, server.max_output_chars), is_error=bool(result.is_error)
         )
 
-    async def _with_heartbeat(self, coro: Any, guard: AttemptGuard | None = None) -> Any:
-        """Heartbeat while a call runs when the server sets a heartbeat timeout (repeating the
-        attempt's start record, which a bare heartbeat would erase)."""
+    async def _with_heartbeat(self, coro: Any) -> Any:
+        """Heartbeat while a call runs (every MCP call has a heartbeat timeout unless its server
+        turned it off), repeating the attempt's start record, which a bare heartbeat would
+        erase."""
         info = activity.info() if activity.in_activity() else None
         timeout = info.heartbeat_timeout if info is not None else None
         if not timeout:
             return await coro
+        beats = attempt_beats()
         task = asyncio.ensure_future(coro)
         interval = max(timeout.total_seconds() / 3, 0.05)
         try:
@@ -444,8 +447,7 @@ class MCPSessions:
                 done, _ = await asyncio.wait({task}, timeout=interval)
                 if done:
                     return task.result()
-                claim = guard.details if guard is not None else None
-                activity.heartbeat(*(() if claim is None else (claim,)))
+                beats.beat()
         finally:
             if not task.done():  # the activity was cancelled: so is the request
                 task.cancel()
@@ -517,10 +519,3 @@ def render_result(result: Any) -> str:
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, ensure_ascii=False)
     return "\n".join(parts)
-
-
-def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    dropped = len(text) - limit
-    return text[:limit] + TRUNCATION_MARKER.format(dropped=dropped)

@@ -51,13 +51,14 @@ async def steer(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Correct a run now: a model call in flight is cancelled (its answer never used) and
-    the next one starts at once with this message; otherwise the same as `send`."""
+    the next one starts at once with this message; a summary of older turns in flight
+    finishes first; otherwise the same as `send`."""
     _text_arg(text, "message")
     handle, _ = await _served_handle(run_id, address, namespace, "be steered")
     if await handle.steer(text):
         print("steered: the model call in flight was cancelled; the next one has your message")
     else:
-        print("queued: no model call in flight, the next one has your message")
+        print("queued: no turn's model call in flight, the next one has your message")
 
 
 @command

@@ -192,8 +192,9 @@ class AgentRun:
 
     @workflow.update
     def steer(self, text: str) -> bool:
-        """Correct the run now: ``text`` goes to the next model call, and the call in flight (if
-        any) is cancelled, its answer unused; returns whether a call was cancelled."""
+        """Correct the run now: ``text`` goes to the next model call, and the turn's call in
+        flight (if any) is cancelled, its answer unused; returns whether a call was cancelled. A
+        summary call in flight is left to finish: the turn's call after it has ``text``."""
         return self._loop.steer(text)
 
     @steer.validator

@@ -96,6 +96,7 @@ class AgentToolKind(ToolKind):
         self.name = name
         """The name this run uses (lovia's, or the earlier one; ``entry.name`` in messages)."""
         self.route = route(ROUTE_AGENT, entry.agent.name)
+        self.max_output_chars = entry.max_output_chars
 
     def spec(self) -> ToolSpec:
         return self.entry.spec_named(self.name)

@@ -29,6 +29,7 @@ class FunctionTool(ToolKind):
         self.entry = entry
         self.name = entry.name
         self.approval_timeout = entry.approval_timeout
+        self.max_output_chars = entry.max_output_chars
 
     def spec(self) -> ToolSpec:
         return self.entry.spec
@@ -38,9 +39,10 @@ class FunctionTool(ToolKind):
         if not entry.needs_approval:
             return False
         try:
-            return entry.requires_approval(entry.parse_arguments(call.arguments).model_dump())
-        except Exception:  # noqa: BLE001 - the call itself turns this into an error result
+            arguments = entry.parse_arguments(call.arguments).model_dump()
+        except Exception:  # noqa: BLE001 - prepare() turns this into an error result
             return False
+        return entry.requires_approval(arguments)  # user code: the tool path guards it
 
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         entry = self.entry
@@ -50,15 +52,7 @@ class FunctionTool(ToolKind):
             return ToolResult(str(exc), is_error=True)
         except Exception as exc:  # noqa: BLE001 - whatever the model wrote: a result, not a stuck task
             return ToolResult(f"Invalid arguments for tool {entry.name!r}: {exc}", is_error=True)
-        try:
-            needed = entry.requires_approval(arguments.model_dump())
-        except Exception as exc:  # noqa: BLE001 - a raising predicate must not wedge the run
-            return ToolResult(
-                f"The call was not run: deciding whether it needs approval failed "
-                f"({type(exc).__name__}: {exc}).",
-                is_error=True,
-            )
-        return Prepared(call, arguments, needs_approval=bool(needed))
+        return Prepared(call, arguments)
 
     async def execute(self, prepared: Prepared) -> ToolResult:
         entry, call = self.entry, prepared.call

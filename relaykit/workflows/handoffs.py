@@ -20,9 +20,12 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 from relaykit import errors
-from relaykit.agent import Handoff
+from relaykit.agent import Agent, Handoff
 from relaykit.handoff import HandoffArgs, HandoffCallbackInput, HandoffInputData, parse_handoff_args
 from relaykit.messages import Message, ToolCall, ToolSpec
+from relaykit.tools import ToolOutcome
+from relaykit.workflows import tool_outcome
+from relaykit.workflows.approvals import Approvals
 from relaykit.workflows.call_record import ROUTE_HANDOFF, route
 from relaykit.workflows.loop_guard import PATCH_ALL_KINDS
 from relaykit.workflows.run_state import Run, head
@@ -38,13 +41,33 @@ handoff fails with an error result (Temporal's default policy would retry a brok
 forever and stall the run)."""
 
 
+def handoff_heartbeat(handoff: Handoff) -> timedelta:
+    """``Handoff.heartbeat_timeout`` as a ``timedelta`` (the definition accepts seconds)."""
+    value = handoff.heartbeat_timeout
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
 class HandoffTool(ToolKind):
     barrier = True
     guard_patch = PATCH_ALL_KINDS  # guarded since the tool path is one
 
-    def __init__(self, run: Run, agent: str, handoff: Handoff, name: str, run_name: str) -> None:
+    def __init__(
+        self,
+        run: Run,
+        agent: str,
+        handoff: Handoff,
+        name: str,
+        run_name: str,
+        *,
+        approvals: Approvals | None = None,
+        source: Agent | None = None,
+    ) -> None:
         self.run = run
         self.agent = agent
+        self.approvals = approvals
+        self.source = source
+        """Who a person is asked on behalf of when the callback's outcome is unknown and the
+        handoff says ``on_unknown="ask"``."""
         self.handoff = handoff
         self.name = name
         """The name a call uses: the run's, or an earlier one that still resolves."""
@@ -84,21 +107,10 @@ class HandoffTool(ToolKind):
     async def execute(self, prepared: Prepared) -> ToolResult:
         """Run the handoff's ``on_handoff``; the switch itself waits for the end of the turn."""
         handoff, args = self.handoff, prepared.arguments
+        said: dict[str, str] = {"assistant": handoff.target.name}
         if handoff.on_handoff is not None:
             try:
-                await workflow.execute_activity(
-                    self.run_name,  # [lovia] the name as the run recorded it
-                    HandoffCallbackInput(
-                        source=self.agent,
-                        target=handoff.target.name,
-                        reason=args.reason,
-                        turn=self.run.state.turn,
-                        workflow_id=workflow.info().workflow_id,
-                    ),
-                    start_to_close_timeout=timedelta(minutes=1),
-                    retry_policy=HANDOFF_CALLBACK_RETRY,
-                    summary=f"{self.agent} → {handoff.target.name}",
-                )
+                unknown = await self._callback(prepared.call, args)
             except ActivityError as exc:
                 if is_cancelled_exception(exc):
                     raise
@@ -106,9 +118,60 @@ class HandoffTool(ToolKind):
                 return ToolResult(
                     f"The handoff did not happen: on_handoff failed: {detail}", is_error=True
                 )
-        return ToolResult(
-            json.dumps({"assistant": handoff.target.name}), switch=(handoff, args.reason)
+            if unknown is not None:
+                said["on_handoff"] = unknown
+        return ToolResult(json.dumps(said), switch=(handoff, args.reason))
+
+    async def _callback(self, call: ToolCall, args: HandoffArgs) -> str | None:
+        """Run ``on_handoff`` as its activity; returns what the model reads when the callback's
+        outcome is unknown (``None``: it returned).
+
+        [effects] In runs that record it (``RunSetup.handoff_effects``) the callback is guarded
+        like a tool of its effect: it heartbeats, carries an idempotency key, and a ``"write"``
+        lost while it ran is not started again (:mod:`relaykit.workflows.tool_outcome`). The
+        handoff then still happens: the model chose it, and failing it would invite the model
+        to call it again, starting the callback a second time. Runs recorded before schedule
+        the callback as they did, and its lost attempts run again."""
+        handoff = self.handoff
+        effects = self.run.setup_flag("handoff_effects")
+        data = HandoffCallbackInput(
+            source=self.agent,
+            target=handoff.target.name,
+            reason=args.reason,
+            turn=self.run.state.turn,
+            workflow_id=workflow.info().workflow_id,
+            **(
+                tool_outcome.invocation_fields(self.run, call, handoff.effect, handoff.on_unknown)
+                if effects
+                else {}
+            ),
         )
+
+        async def execute(sent: HandoffCallbackInput) -> ToolOutcome:
+            await workflow.execute_activity(
+                self.run_name,  # [lovia] the name as the run recorded it
+                sent,
+                start_to_close_timeout=timedelta(minutes=1),
+                heartbeat_timeout=handoff_heartbeat(handoff) if effects else None,
+                retry_policy=HANDOFF_CALLBACK_RETRY,
+                summary=tool_outcome.summary(f"{self.agent} → {handoff.target.name}", sent),
+            )
+            return ToolOutcome(content="")
+
+        if not effects or self.approvals is None or self.source is None:
+            await execute(data)
+            return None
+        outcome = await tool_outcome.run_guarded(
+            self.run,
+            self.approvals,
+            self.source,
+            self,
+            call,
+            data,
+            execute,
+            what=f"on_handoff of {call.name!r}",
+        )
+        return outcome.content if outcome.is_error else None
 
 
 def filtered_history(handoff: Handoff, source: str, history: list[Message]) -> list[Message]:

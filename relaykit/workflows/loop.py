@@ -202,9 +202,7 @@ class TurnLoop:
             await workflow.wait_condition(lambda: not state.paused)
             run.set_status("running")
             run.emit("resumed", {})
-        for text in run.take_messages():
-            state.transcript.append(Message.user(text))
-            run.emit("message_injected", {"text": text})
+        self._inject_messages()
         state.transcript.extend(self.tasks.deliver_reports())
         await long_runs.maybe_continue_as_new(run, self._turns_this_run)
         policy = long_runs.compaction_due(run, self._last_input_tokens)
@@ -225,10 +223,19 @@ class TurnLoop:
                     "archived_ref": archived,
                 },
             )
+            # What arrived during the summary call (a steer, a message) goes into this turn's.
+            if state.mailbox and model_turn.summary_not_steered():
+                self._inject_messages()
+
+    def _inject_messages(self) -> None:
+        for text in self.run_state.take_messages():
+            self.state.transcript.append(Message.user(text))
+            self.run_state.emit("message_injected", {"text": text})
 
     def steer(self, text: str) -> bool:
-        """Queue ``text`` for the next model call and cancel the call in flight, if any (its
-        answer is dropped and it does not count as a turn); returns whether one was cancelled."""
+        """Queue ``text`` for the next model call and cancel the turn's call in flight, if any
+        (its answer is dropped and it does not count as a turn); returns whether one was
+        cancelled. A summary call in flight finishes, and the turn's call after it has ``text``."""
         self.run_state.queue_message(text)
         cancelled = self.model_calls.steer()
         self.run_state.emit("steered", {"text": text, "cancelled_call": cancelled})
@@ -241,7 +248,7 @@ class TurnLoop:
             system=instructions,
             messages=[long_runs.summary_prompt(messages)],
         )
-        response = await self.model_calls.execute(self.run_state, request, agent)
+        response = await self.model_calls.execute(self.run_state, request, agent, summary=True)
         self.run_state.add_usage(response.usage)
         return response.message.content
 

@@ -120,6 +120,7 @@ class MCPTool(ToolKind):
         self.entry = entry
         self.name = entry.name
         self.approval_timeout = entry.approval_timeout
+        self.max_output_chars = entry.server.max_output_chars
 
     def spec(self) -> ToolSpec:
         info = self.entry.info
@@ -128,11 +129,12 @@ class MCPTool(ToolKind):
     def approval_hint(self, call: ToolCall) -> bool:
         try:
             arguments = json.loads(call.arguments or "{}")
-            return isinstance(arguments, dict) and bool(
-                self.entry.server.requires_approval(self.entry.info.name, arguments)
-            )
-        except Exception:  # noqa: BLE001 - the call itself turns this into an error result
+        except Exception:  # noqa: BLE001 - prepare() turns this into an error result
             return False
+        if not isinstance(arguments, dict):
+            return False
+        # user code (a callable rule): the tool path guards it
+        return bool(self.entry.server.requires_approval(self.entry.info.name, arguments))
 
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         try:
@@ -147,8 +149,7 @@ class MCPTool(ToolKind):
             return ToolResult(
                 f"Arguments for tool {call.name!r} must be a JSON object.", is_error=True
             )
-        needed = self.entry.server.requires_approval(self.entry.info.name, arguments)
-        return Prepared(call, arguments, needs_approval=bool(needed))
+        return Prepared(call, arguments)
 
     async def execute(self, prepared: Prepared) -> ToolResult:
         entry, call = self.entry, prepared.call
@@ -171,7 +172,7 @@ class MCPTool(ToolKind):
                 result_type=ToolOutcome,
                 # One attempt may have to restart a dead server before sending the request.
                 start_to_close_timeout=server.timeout + server.list_timeout,
-                heartbeat_timeout=server.heartbeat_timeout,
+                heartbeat_timeout=server.heartbeat_timeout or None,  # timedelta(0): off
                 retry_policy=server.retry,
                 task_queue=server.task_queue,
                 summary=tool_outcome.summary(

@@ -5,8 +5,14 @@ instructions, the subagent guidance, the run's extra instructions), the transcri
 transcript seam sends it (:mod:`relaykit.workflows.context`), the tools of the tool path, the
 output schema and the settings (tools are withheld on the last allowed turn and when the loop
 guard says the model must answer). The turn loop counts the response's usage and records what
-the model workers stored. A steer cancels the call in flight (:meth:`ModelCalls.steer`); the
-turn loop then drops it and takes the same turn again with the person's text.
+the model workers stored. A steer cancels the turn's call in flight (:meth:`ModelCalls.steer`);
+the turn loop then drops it and takes the same turn again with the person's text.
+
+A summary call (compaction, :mod:`relaykit.workflows.long_runs`) goes through here too, labelled
+``agent · summary after turn N · model`` so that nobody (a person in the Temporal UI, a fork
+reading the history) takes it for a turn. A steer does not cancel it: a summary answers nothing
+the steer corrects, and dropping it would only make it again; the turn loop hands the steer's
+text to the turn's call that follows it.
 
 Workflow code: deterministic, no I/O (the model call is the ``relaykit.model_call`` activity).
 """
@@ -96,6 +102,15 @@ def build_request(
     return run.transport.shrink(run.state, request)
 
 
+PATCH_SUMMARY_NOT_STEERED = "relaykit.summary-call-not-steered"
+"""A steer lets a summary call finish, and the text that arrived meanwhile goes into the next
+call; before it, the steer cancelled the summary and failed the workflow task (compatibility
+data: never rename)."""
+
+SUMMARY_LABEL = "summary after turn"
+"""The middle part of a summary call's activity summary (read by :mod:`relaykit.fork`)."""
+
+
 class SteeredAway(Exception):
     """The model call in flight was cancelled by a steer (not by the run's cancellation)."""
 
@@ -105,21 +120,30 @@ class ModelCalls:
 
     def __init__(self) -> None:
         self._in_flight: Any = None
+        self._summary_in_flight = False
         self.steered = False
         """A steer cancelled the call in flight; the turn loop resets it once it has dropped
         that call."""
 
     def steer(self) -> bool:
-        """Cancel the call in flight, if any (its answer is never used); whether one was."""
+        """Cancel the turn's call in flight, if any (its answer is never used); whether one was.
+        A summary call in flight is left to finish (see the module's docstring)."""
         call = self._in_flight
-        cancelled = call is not None and not call.done()
-        if cancelled:
-            self.steered = True
-            call.cancel()
-        return cancelled
+        if call is None or call.done():
+            return False
+        if self._summary_in_flight and summary_not_steered():
+            return False
+        self.steered = True
+        call.cancel()
+        return True
 
-    async def execute(self, run: Run, request: ModelRequest, agent: Agent) -> ModelResponse:
+    async def execute(
+        self, run: Run, request: ModelRequest, agent: Agent, *, summary: bool = False
+    ) -> ModelResponse:
+        """Send ``request``; ``summary`` marks a compaction's summary call, not a turn's."""
         spec = request.model
+        what = f"{SUMMARY_LABEL} {run.state.turn}" if summary else f"turn {run.state.turn}"
+        self._summary_in_flight = summary
         # Started as a handle (the same command as execute_activity) so that a steer can cancel
         # it; TRY_CANCEL, the default, means the run does not wait for the cancel to land.
         self._in_flight = workflow.start_activity(
@@ -129,7 +153,7 @@ class ModelCalls:
             start_to_close_timeout=timedelta(seconds=spec.timeout_seconds + 30),
             heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
             retry_policy=MODEL_RETRY,
-            summary=f"{agent.name} · turn {run.state.turn} · {spec.label}",
+            summary=f"{agent.name} · {what} · {spec.label}",
         )
         try:
             response: ModelResponse = await self._in_flight
@@ -154,3 +178,10 @@ class ModelCalls:
             )
         finally:
             self._in_flight = None
+            self._summary_in_flight = False
+
+
+def summary_not_steered() -> bool:
+    """Whether this run lets a summary call finish through a steer (every run but those
+    recorded before, which replay the cancel they made)."""
+    return workflow.patched(PATCH_SUMMARY_NOT_STEERED)

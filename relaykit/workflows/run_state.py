@@ -32,7 +32,12 @@ from relaykit.messages import Message, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
 from relaykit.workflows.context import ContextTransport
-from relaykit.workflows.semantics import PATCHES, recorded_semantics, recorded_tool_effects
+from relaykit.workflows.semantics import (
+    PATCHES,
+    recorded_path_checks,
+    recorded_semantics,
+    recorded_tool_effects,
+)
 
 # Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
 # consulted when the change applies (a marker lands in history only then).
@@ -195,6 +200,7 @@ class Run:
                 **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
                 **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
                 **recorded_calls(),  # [deploys] relaykit.workflows.call_record
+                **recorded_path_checks(),  # [one tool path] output caps, handoff callback effects
             }
         self.state.setup = RunSetup(
             search_attributes=search_attributes, event_groups=event_groups, **choices
@@ -355,6 +361,8 @@ NEW_RUN_CHOICES = (
     "tool_effects",  # relaykit.workflows.tool_outcome
     "recorded_calls",  # [deploys] relaykit.workflows.call_record
     "recorded_decisions",  # by the local activity (relaykit.workflows.call_record)
+    "capped_outputs",  # [one tool path] every kind's result capped (relaykit.workflows.tool_path)
+    "handoff_effects",  # [one tool path] on_handoff guarded as an effect
 )
 """The ``RunSetup`` fields a run with :data:`PATCH_RUN_SETUP_V2` has on."""
 

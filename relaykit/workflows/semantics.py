@@ -41,6 +41,20 @@ def recorded_tool_effects() -> dict[str, bool]:
     return {"tool_effects": workflow.patched(PATCH_TOOL_EFFECTS)}
 
 
+PATCH_PATH_CHECKS = "relaykit.path-checks-for-every-kind"
+"""``RunSetup.capped_outputs`` and ``RunSetup.handoff_effects``: the tool path caps every kind's
+result (an agent tool's child answer too), and an ``on_handoff`` callback is scheduled as an
+effect (:mod:`relaykit.workflows.handoffs`)."""
+
+
+def recorded_path_checks() -> dict[str, bool]:
+    """The ``RunSetup`` fields of :data:`PATCH_PATH_CHECKS`, for a run's first workflow task:
+    ``True`` for a new run (one marker is written for both), ``False`` when replaying a run
+    recorded before."""
+    checked = workflow.patched(PATCH_PATH_CHECKS)
+    return {"capped_outputs": checked, "handoff_effects": checked}
+
+
 def recorded_semantics() -> dict[str, bool]:
     """The ``RunSetup`` fields of lovia's semantics, for a run's first workflow task: ``True``
     for a new run (a marker is written), ``False`` when replaying a run recorded before."""

@@ -5,21 +5,23 @@ one module with one class per kind that answers four questions for the tool path
 (:mod:`relaykit.workflows.tool_path`):
 
 - :meth:`ToolKind.spec`: what the model is shown (``None``: answered, but not shown);
-- :meth:`ToolKind.prepare`: are the arguments valid, and does the call wait for a person? It
-  is synchronous and may not touch the world; it returns :class:`Prepared` or the
-  :class:`ToolResult` the model reads instead;
+- :meth:`ToolKind.prepare`: are the arguments valid? It is synchronous and may not touch the
+  world; it returns :class:`Prepared` or the :class:`ToolResult` the model reads instead;
 - :meth:`ToolKind.execute`: run the prepared call (an activity, a child workflow, a signal, a
   wait) and return its :class:`ToolResult`;
-- :meth:`ToolKind.approval_hint`: before the turn's calls start, whether a call will wait for
-  a person (it orders later calls behind it; never raises).
+- :meth:`ToolKind.approval_hint`: the tool's own rule (``needs_approval``), whether a call waits
+  for a person. The rule is user code and may raise: only the tool path calls it, once per call
+  and guarded, before the turn's calls start (a call that waits orders later calls behind it);
+  a rule that raises gives the call an error result naming the tool and the exception.
 
 Everything that applies to every call is the tool path's, never a kind's: the ``tool_call`` and
 ``tool_result`` events, the argument check (a JSON object), the unknown-tool answer, the loop
-guard, the approval wait and its order, the transcript message, and counting the usage a
-:class:`ToolResult` carries towards the budget. A kind never writes a transcript message and
-never asks for the approval its tool's rule requires; the one person it may ask is about a
-``"write"`` call lost in flight, through :mod:`relaykit.workflows.tool_outcome` (the kinds that
-run tool activities: function tools, MCP tools).
+guard, the guard around the approval rule, the approval wait and its order, the cap on the
+result's length (:attr:`ToolKind.max_output_chars`), the transcript message, and counting the
+usage a :class:`ToolResult` carries towards the budget. A kind never writes a transcript
+message and never asks for the approval its tool's rule requires; the one person it may ask is
+about a ``"write"`` lost in flight, through :mod:`relaykit.workflows.tool_outcome` (the kinds
+that run user code as activities: function tools, MCP tools, a handoff's ``on_handoff``).
 
 Workflow code: deterministic, no I/O.
 """
@@ -34,6 +36,7 @@ from pydantic import ValidationError
 
 from relaykit.agent import Handoff
 from relaykit.messages import ToolCall, ToolSpec, Usage
+from relaykit.tools import DEFAULT_MAX_OUTPUT_CHARS
 from relaykit.workflows.loop_guard import PATCH_ID as GUARD_PATCH
 
 PATCH_BAD_ARGUMENTS = "relaykit.reject-bad-arguments"
@@ -63,7 +66,8 @@ class Prepared:
     arguments: Any = None
     """The arguments as the kind parsed them (a pydantic model, a dict, …)."""
     needs_approval: bool = False
-    """The call waits for a person's decision before it runs."""
+    """The call waits for a person's decision before it runs (set by the tool path from
+    :meth:`ToolKind.approval_hint`)."""
 
 
 class ToolKind:
@@ -77,6 +81,9 @@ class ToolKind:
     """How long a person may take to decide (``None``: no limit)."""
     guard_patch: str = GUARD_PATCH
     """The patch id under which the loop guard refuses this kind's repeats (docs/replay.md)."""
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    """Results longer than this reach the model cut, with a marker saying how much was dropped
+    (:func:`relaykit.tools.cap_output`, applied by the tool path to every kind's result)."""
     route: str | None = None
     """What a replay needs to run a call of this tool once today's code no longer defines it
     (:func:`relaykit.workflows.call_record.route`); ``None``: a function tool."""
@@ -89,6 +96,8 @@ class ToolKind:
         return {}
 
     def approval_hint(self, call: ToolCall) -> bool:
+        """The tool's ``needs_approval`` rule for ``call`` (``False`` for arguments
+        :meth:`prepare` refuses). User code: it may raise; the tool path guards it."""
         return False
 
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
@@ -108,6 +117,24 @@ class ToolKind:
         them, or as they are when today's schema refuses them (the call ran under another)."""
         prepared = self.prepare(call)
         return Prepared(call) if isinstance(prepared, ToolResult) else prepared
+
+
+def approval_rule(kind: ToolKind, call: ToolCall) -> bool | str:
+    """Whether ``call`` waits for a person by its tool's rule, or the error text the model reads
+    when the rule raised. The rule is user code run in workflow code: one that raises would
+    raise again on every retry of the workflow task, so its failure is the call's, never the
+    run's."""
+    try:
+        return bool(kind.approval_hint(call))
+    except Exception as exc:  # noqa: BLE001 - any failure of user code: the call's result
+        try:
+            said = str(exc)[:500]
+        except Exception:  # noqa: BLE001 - a broken __str__ is user code too
+            said = "(its message could not be read)"
+        return (
+            f"The call was not run: deciding whether tool {call.name!r} needs approval failed: "
+            f"its needs_approval rule raised {type(exc).__name__}: {said}"
+        )
 
 
 def invalid_arguments(tool_name: str, exc: ValidationError) -> str:

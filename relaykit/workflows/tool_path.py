@@ -14,9 +14,12 @@ the subagent tools, handoffs):
 3. **execute**, the other calls concurrently (activities, child workflows), each after the
    approval decision it waits for: unknown tool, loop guard
    (:mod:`relaykit.workflows.loop_guard`), the kind's own argument check
-   (:meth:`ToolKind.prepare`), a person's decision when the kind says one is needed, then the
-   kind runs the call (:meth:`ToolKind.execute`) and its usage counts towards the budget (in
-   runs that record decisions by the local activity, the checks of a call that waits for no
+   (:meth:`ToolKind.prepare`), the tool's approval rule (user code, asked once per call and
+   guarded: a rule that raises is the call's error result, :func:`approval_rule`), a person's
+   decision when the rule says one is needed, then the kind runs the call
+   (:meth:`ToolKind.execute`), its usage counts towards the budget and its result is cut to the
+   kind's ``max_output_chars`` with the marker (:func:`relaykit.tools.cap_output`) (in runs
+   that record decisions by the local activity, the checks of a call that waits for no
    approval decision are made in preflight, so that the turn's decisions are recorded at once:
    :mod:`relaykit.workflows.call_decisions`);
 4. the barrier runs alone, in request order (lovia's: after the calls before it, before the
@@ -46,6 +49,7 @@ from temporalio import workflow
 from relaykit.agent import Agent, Handoff
 from relaykit.messages import Message, ToolCall, ToolSpec
 from relaykit.model_output import check_calls, check_ids_needed, parse_object
+from relaykit.tools import cap_output
 from relaykit.workflows.agent_tools import ChildIds
 from relaykit.workflows.approvals import Approvals, Gate
 from relaykit.workflows.call_decisions import CallDecisions
@@ -54,7 +58,13 @@ from relaykit.workflows.loop_guard import check_repeat
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
 from relaykit.workflows.subagent_tasks import SubagentTasks
-from relaykit.workflows.tool_kind import PATCH_BAD_ARGUMENTS, Prepared, ToolKind, ToolResult
+from relaykit.workflows.tool_kind import (
+    PATCH_BAD_ARGUMENTS,
+    Prepared,
+    ToolKind,
+    ToolResult,
+    approval_rule,
+)
 from relaykit.workflows.tool_table import AgentTools, build_table
 
 PATCH_CALL_IDS = "relaykit.unique-call-ids"
@@ -80,6 +90,8 @@ class ToolPath:
             ask=self._ask,
             argument_problem=self._argument_problem,
         )
+        self._rules: dict[int, bool | Message] = {}
+        """This turn's answers of the tools' approval rules, by call object (see :meth:`_rule`)."""
 
     # --- what an agent may call -----------------------------------------------------------------
 
@@ -139,6 +151,7 @@ class ToolPath:
         run = self.run
         table = self.tools(agent)
         mode = run.calls.mode()
+        self._rules = {}
         slots = [Slot(run.state.turn, index) for index in range(len(calls))]
         results: list[Message | None] = [None] * len(calls)
         concurrent: list[tuple[int, Any]] = []
@@ -227,7 +240,17 @@ class ToolPath:
     def _approval_hint(self, table: AgentTools, call: ToolCall) -> bool:
         """Whether ``call`` will wait for a person (invalid calls never do: they fail first)."""
         kind = table.kinds.get(call.name)
-        return kind is not None and not kind.barrier and kind.approval_hint(call)
+        return kind is not None and not kind.barrier and self._rule(kind, call) is True
+
+    def _rule(self, kind: ToolKind, call: ToolCall) -> bool | Message:
+        """:func:`approval_rule`, asked once per call of the turn, for every kind: a call whose
+        rule raised before the turn started is refused even if the rule answers later."""
+        if id(call) not in self._rules:
+            rule = approval_rule(kind, call)
+            self._rules[id(call)] = (
+                rule if isinstance(rule, bool) else self.run.tool_message(call, rule, is_error=True)
+            )
+        return self._rules[id(call)]
 
     def _check(
         self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall
@@ -246,6 +269,10 @@ class ToolPath:
         prepared = kind.prepare(call)
         if isinstance(prepared, ToolResult):
             return run.tool_message(call, prepared.content, is_error=prepared.is_error)
+        rule = self._rule(kind, call)
+        if isinstance(rule, Message):
+            return rule
+        prepared.needs_approval = rule
         refused = kind.refusal(prepared)
         if refused is not None:
             return run.tool_message(call, refused.content, is_error=refused.is_error)
@@ -306,4 +333,7 @@ class ToolPath:
         result = await kind.execute(prepared)
         if result.usage is not None:  # a child's usage: the budget covers the whole tree
             run.add_usage(result.usage)
-        return run.tool_message(call, result.content, is_error=result.is_error), result.switch
+        content = result.content
+        if run.setup_flag("capped_outputs"):  # every kind's (an agent tool's too); runs from
+            content = cap_output(content, kind.max_output_chars)  # before: whole
+        return run.tool_message(call, content, is_error=result.is_error), result.switch

@@ -69,9 +69,21 @@ def build_table(
     handoff_aliases: list[ToolKind] = []
     for handoff in map(as_handoff, agent.handoffs):
         own = handoff.run_name(lovia_names)
-        handoffs.append(HandoffTool(run, agent.name, handoff, own, own))
+        handoffs.append(
+            HandoffTool(run, agent.name, handoff, own, own, approvals=approvals, source=agent)
+        )
         if lovia_names and handoff.legacy_name != own:
-            handoff_aliases.append(HandoffTool(run, agent.name, handoff, handoff.legacy_name, own))
+            handoff_aliases.append(
+                HandoffTool(
+                    run,
+                    agent.name,
+                    handoff,
+                    handoff.legacy_name,
+                    own,
+                    approvals=approvals,
+                    source=agent,
+                )
+            )
     subagents: list[ToolKind] = []
     if agent.subagents is not None:
         shown = {spec.name: spec for spec in tasks.tool_specs(agent)}
@@ -113,7 +125,9 @@ def stand_in(
     found = parse_route(routes.get(call.name))
     if found.kind == ROUTE_HANDOFF:
         handoff = stand_in_handoff(call, found)
-        return HandoffTool(run, agent.name, handoff, call.name, call.name)
+        return HandoffTool(
+            run, agent.name, handoff, call.name, call.name, approvals=approvals, source=agent
+        )
     if found.kind == ROUTE_AGENT:
         entry = stand_in_agent_tool(call, found.target)
         return AgentToolKind(run, entry, child_ids, call.name)
