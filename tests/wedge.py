@@ -34,9 +34,10 @@ The cost per test is one visibility listing per namespace and one history read p
 found. Visibility is eventually consistent, so executions still open when their test ended are
 read again when the session ends (they may wedge after the test stopped looking), together with
 any execution the listings never showed; what they find is reported against the test that
-started them. Not covered: tests that start a dev server of their own (``test_codec``,
-``test_crash_recovery``'s restarted server, ``test_cli_robustness`` on port 7233); their runs
-die with their server.
+started them. Tests on a dev server of their own watch it the same way (:func:`watching`, as
+``test_codec`` does), or check all its runs before it stops (:func:`wedges_on`: the server
+restart in ``test_crash_recovery``, the demo in ``test_demo``); ``relaykit dev`` in
+``test_demo`` starts no run.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
@@ -85,14 +86,13 @@ class Wedge:
 
 @dataclass
 class Execution:
-    """An execution the detector saw, and whether it may still change."""
+    """An execution the detector saw."""
 
     namespace: str
     workflow_id: str
     run_id: str
     workflow_type: str
     started: datetime
-    open: bool
     reported_problems: list[str] = field(default_factory=list)
 
 
@@ -127,7 +127,12 @@ async def started_since(client: Client, since: datetime | None) -> list[Executio
     found: list[Execution] = []
     for namespace in await namespaces(client):
         async for info in _in(client, namespace).list_workflows(query, page_size=1000):
-            problems = info.search_attributes.get(REPORTED_PROBLEMS) or []
+            problems = [
+                str(value)
+                for pair in info.typed_search_attributes
+                if pair.key.name == REPORTED_PROBLEMS
+                for value in (pair.value if isinstance(pair.value, list) else [pair.value])
+            ]
             found.append(
                 Execution(
                     namespace=namespace,
@@ -135,8 +140,7 @@ async def started_since(client: Client, since: datetime | None) -> list[Executio
                     run_id=info.run_id,
                     workflow_type=info.workflow_type,
                     started=info.start_time,
-                    open=info.close_time is None,
-                    reported_problems=[str(p) for p in problems],
+                    reported_problems=problems,
                 )
             )
     return found
@@ -209,6 +213,14 @@ async def find_wedges(
     return wedges, open_
 
 
+async def wedges_on(address: str) -> list[Wedge]:
+    """Every wedge on a dev server a test started for itself (the detector watches only the
+    session's server)."""
+    client = await Client.connect(address)
+    wedges, _ = await find_wedges(client, await started_since(client, None))
+    return wedges
+
+
 # --- what a test declares ---------------------------------------------------------------------
 
 
@@ -276,40 +288,48 @@ class _Watch:
 _watch = _Watch()
 
 
-async def _client(server: Any) -> Client:
-    if server.address not in _watch.clients:
-        _watch.clients[server.address] = await Client.connect(
-            server.address, namespace=server.namespace
-        )
-    return _watch.clients[server.address]
+async def _client(address: str, namespace: str) -> Client:
+    if address not in _watch.clients:
+        _watch.clients[address] = await Client.connect(address, namespace=namespace)
+    return _watch.clients[address]
+
+
+@asynccontextmanager
+async def watching(
+    item: pytest.Item, address: str, namespace: str = "default", *, session: bool = False
+) -> AsyncIterator[None]:
+    """Fails ``item`` if a workflow started on the server at ``address`` while the block ran
+    has a workflow task failure the item did not declare (``session``: the server outlives the
+    test, so what is still open is read again when the session ends)."""
+    client = await _client(address, namespace)
+    declared = expected(item)
+    since = datetime.now(UTC)
+    if session:
+        _watch.windows.append((since, item.nodeid, declared))
+    yield
+    executions = await started_since(client, since)
+    wedges, still_open = await find_wedges(client, executions)
+    if session:
+        _watch.judged.update(wedges)
+        _watch.seen.update((e.namespace, e.run_id) for e in executions)
+        for execution in still_open:
+            key = (execution.namespace, execution.run_id)
+            _watch.open[key] = (execution, item.nodeid, declared)
+    problems = verdict(declared, wedges, final=True)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
 async def wedge_detector(request: pytest.FixtureRequest) -> AsyncIterator[None]:
-    """Fails the test (at teardown, after its workers stopped) if a workflow it started has a
-    workflow task failure it did not declare."""
+    """Fails the test (at teardown, after its workers stopped) if a workflow it started on the
+    session's dev server has a workflow task failure it did not declare."""
     if "temporal_server" not in request.fixturenames:
         yield
         return
-    client = await _client(request.getfixturevalue("temporal_server"))
-    declared = expected(request.node)
-    since = datetime.now(UTC)
-    _watch.windows.append((since, request.node.nodeid, declared))
-    yield
-    executions = await started_since(client, since)
-    wedges, still_open = await find_wedges(client, executions)
-    _watch.judged.update(wedges)
-    for execution in executions:
-        _watch.seen.add((execution.namespace, execution.run_id))
-    for execution in still_open:
-        _watch.open[(execution.namespace, execution.run_id)] = (
-            execution,
-            request.node.nodeid,
-            declared,
-        )
-    problems = verdict(declared, wedges, final=True)
-    if problems:
-        pytest.fail("\n".join(problems), pytrace=False)
+    server = request.getfixturevalue("temporal_server")
+    async with watching(request.node, server.address, server.namespace, session=True):
+        yield
 
 
 async def last_look(client: Client) -> list[str]:
