@@ -204,7 +204,9 @@ def test_run_wait_says_no_worker_polls_within_seconds_of_the_worker_being_killed
         f"the run waits until one does; start one with `relaykit worker MODULE --task-queue "
         f"{queue_name}`"
     )
-    print(f"noticed {noticed:.1f} s after the kill")
+    # the tool's heartbeat timeout (10 s), then the retry nobody takes (3 s): within seconds,
+    # where the pollers a killed worker leaves behind stay listed for minutes
+    assert noticed < 60, noticed
     relaykit("terminate", run_id, env=env)
 
 

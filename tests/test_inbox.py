@@ -393,6 +393,17 @@ async def test_inbox_says_temporal_is_unreachable_with_a_503_page_and_json_and_o
             decided = await http.post(
                 f"{url}/api/decide", json={"run_id": "r", "call_id": "c", "approve": True}
             )
+            logged = log.read_text()
+            port = int(server.address.rsplit(":", 1)[1])
+            back = DevServer(port=port, headless=True, in_memory=True).start()
+            try:  # Temporal back on the same address: the inbox answers again, not restarted
+
+                async def answers() -> bool:
+                    return (await http.get(f"{url}/api/pending")).status_code == 200
+
+                await eventually(answers, "the inbox to answer once Temporal is back", 60)
+            finally:
+                back.stop()
     finally:
         proc.terminate()
         proc.wait(timeout=15)
@@ -405,7 +416,7 @@ async def test_inbox_says_temporal_is_unreachable_with_a_503_page_and_json_and_o
         assert response.status_code == 503 and response.headers["retry-after"] == "5"
         body = response.json()
         assert body["error"].startswith(unreachable) and body["retry_after"] == 5
-    said = log.read_text().strip().splitlines()[1:]
+    said = logged.strip().splitlines()[1:]
     assert "Traceback" not in log.read_text()
     assert [line.split(":", 1)[0] for line in said] == [
         "GET /",
