@@ -35,7 +35,7 @@ from relaykit.client import DEFAULT_TASK_QUEUE, RunHandle, task_queue_last_poll
 from relaykit.errors import RelaykitError
 from relaykit.runs import PendingApproval, RunResult
 from relaykit.search_attributes import RELAY_STATUS
-from relaykit.stuck import first_line, latest_task_failure
+from relaykit.stuck import STUCK_ATTEMPTS, first_line, latest_task_failure
 from relaykit.tools import summarize_call
 
 T = TypeVar("T")
@@ -51,16 +51,19 @@ QUERY_TIMEOUT = 5.0
 """Seconds the run's worker gets to list the calls waiting for a person."""
 
 
-async def failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | None:
-    """Why the worker keeps failing the run's workflow task, when it does. Temporal retries a
-    failed workflow task forever without closing the run, so without this a wait would never
-    end, and an update or a query would fail after 20 s with "Workflow Task in failed state"."""
+async def failing_task(
+    handle: RunHandle, task_queue: str, *, attempt: int = 2
+) -> RelaykitError | None:
+    """Why the worker keeps failing the run's workflow task, when its pending ``attempt`` is
+    this far and the one before failed. Temporal retries a failed workflow task forever without
+    closing the run, so without this a wait would never end, and an update or a query would
+    fail after 20 s with "Workflow Task in failed state"."""
     try:
         description = await handle.workflow.describe()
     except RPCError:
         return None
     raw = description.raw_description
-    if not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < 2:
+    if not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < attempt:
         return None
     try:
         failure = await latest_task_failure(handle.client, handle.id, description.run_id)
@@ -97,14 +100,16 @@ async def failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | No
 
 async def unless_stuck(handle: RunHandle, task_queue: str, answer: Awaitable[T]) -> T:
     """``answer`` (an update or a query the run's worker must handle), ended early with the
-    cause when the run's workflow task fails instead, and on Temporal's "failed state" error."""
+    cause when the run's workflow task fails instead, as often as ``relaykit runs --stuck``
+    counts stuck (a rolling deploy's old worker may fail a task once that a new one completes),
+    and on Temporal's own "failed state" error."""
     task = asyncio.ensure_future(answer)
     try:
         while True:
             await asyncio.wait({task}, timeout=1.0)
             if task.done():
                 break
-            failing = await failing_task(handle, task_queue)
+            failing = await failing_task(handle, task_queue, attempt=STUCK_ATTEMPTS)
             if failing is not None:
                 raise failing
         try:
@@ -298,8 +303,9 @@ async def wait_for_result(handle: RunHandle, task_queue: str) -> RunResult:
 
 
 async def refuse_if_stuck(handle: RunHandle, description: WorkflowExecutionDescription) -> None:
-    """Raise the cause at once when the run's workflow task keeps failing: the worker could
-    not take an update or answer a query."""
-    failing = await failing_task(handle, description.task_queue or DEFAULT_TASK_QUEUE)
+    """Raise the cause at once when the run's workflow task keeps failing (as ``relaykit runs
+    --stuck`` counts it): the worker could not take an update or answer a query."""
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    failing = await failing_task(handle, queue, attempt=STUCK_ATTEMPTS)
     if failing is not None:
         raise failing
