@@ -147,6 +147,9 @@ class WaitWatch:
         self.task_queue = task_queue
         self._scheduled: dict[tuple[str, int], float] = {}
         """Each task seen scheduled and not taken → when it was first seen so."""
+        self._asked: tuple[tuple[str | None, int], str | None] | None = None
+        """What the run said it waits for, at which status and history length: a run whose
+        history has not grown waits for the same thing, and is not asked again."""
 
     async def check(self) -> str | None:
         """One line on what the run waits for now (``None``: nothing to say); raises when its
@@ -194,8 +197,16 @@ class WaitWatch:
         return max((seen - first for first in self._scheduled.values()), default=0.0)
 
     async def _person(self, description: WorkflowExecutionDescription) -> str | None:
+        key = (description.typed_search_attributes.get(RELAY_STATUS), description.history_length)
+        if self._asked is not None and self._asked[0] == key:
+            return self._asked[1]
+        line = await self._ask(key[0])
+        if line is not None or key[0] not in (None, "waiting_approval"):  # not a slow worker
+            self._asked = (key, line)
+        return line
+
+    async def _ask(self, status: str | None) -> str | None:
         run_id = self.handle.id
-        status = description.typed_search_attributes.get(RELAY_STATUS)
         if status is None:  # relaykit's search attributes not registered: ask the run
             try:
                 status = (await asyncio.wait_for(self.handle.state(), QUERY_TIMEOUT)).status
