@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from relaykit.devserver import DevServer
 from tests.test_cli import (
     ROOT,
@@ -226,6 +228,11 @@ def stuck_run(temporal_server: DevServer, tmp_path: Path) -> Iterator[tuple[str,
     relaykit("terminate", run_id, env=env)
 
 
+@pytest.mark.wedge_expected(
+    "a worker of another module takes the run's workflow task and fails it on every attempt",
+    cause="WORKFLOW_WORKER_UNHANDLED_FAILURE",
+    match="serves none of the agents of run",
+)
 def test_approve_send_and_pending_on_a_run_whose_workflow_task_fails_say_why_in_one_line(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:
