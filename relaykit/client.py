@@ -266,12 +266,7 @@ POLLER_FRESH_SECONDS = 120.0
 minute; the server keeps listing a stopped worker's pollers for minutes)."""
 
 
-async def task_queue_has_worker(client: Client, task_queue: str = DEFAULT_TASK_QUEUE) -> bool:
-    """Whether a worker has recently polled ``task_queue`` for workflow tasks.
-
-    A run on a queue nobody polls waits silently (Temporal keeps its task until a worker comes),
-    so callers use this to tell a person why nothing happens. It reads Temporal's
-    DescribeTaskQueue, which lists a queue's pollers."""
+async def _pollers(client: Client, task_queue: str) -> list[Any]:
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -283,9 +278,32 @@ async def task_queue_has_worker(client: Client, task_queue: str = DEFAULT_TASK_Q
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
         )
     )
+    return list(response.pollers)
+
+
+async def task_queue_has_worker(client: Client, task_queue: str = DEFAULT_TASK_QUEUE) -> bool:
+    """Whether a worker has recently polled ``task_queue`` for workflow tasks.
+
+    A run on a queue nobody polls waits silently (Temporal keeps its task until a worker comes),
+    so callers use this to tell a person why nothing happens. It reads Temporal's
+    DescribeTaskQueue, which lists a queue's pollers."""
     now = time.time()
     return any(
         not poller.HasField("last_access_time")
         or now - poller.last_access_time.ToSeconds() < POLLER_FRESH_SECONDS
-        for poller in response.pollers
+        for poller in await _pollers(client, task_queue)
     )
+
+
+async def task_queue_last_poll(client: Client, task_queue: str) -> float | None:
+    """Seconds since a worker last polled ``task_queue`` for workflow tasks (``None``: none
+    listed). Temporal keeps listing a stopped worker's pollers for minutes, and an idle live
+    worker polls about once a minute, so this alone cannot tell them apart: callers use it to
+    word what they found otherwise (a task nobody takes)."""
+    now = time.time()
+    seen = [
+        now - poller.last_access_time.ToSeconds()
+        for poller in await _pollers(client, task_queue)
+        if poller.HasField("last_access_time")
+    ]
+    return max(0.0, min(seen)) if seen else None

@@ -94,6 +94,16 @@ def default_query(task_queue: str) -> str:
     )
 
 
+async def open_run_queues(client: Client, limit: int = 1000) -> dict[str, int]:
+    """The task queues that have open ``AgentRun`` runs, with how many (of the first
+    ``limit``): where a check that found nothing on its queue should have looked."""
+    queues: dict[str, int] = {}
+    query = f"WorkflowType = '{AGENT_RUN_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    async for execution in client.list_workflows(query, limit=limit):
+        queues[execution.task_queue] = queues.get(execution.task_queue, 0) + 1
+    return queues
+
+
 async def replay_check(
     client: Client,
     targets: Sequence[str],

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
 
 STUCK_ATTEMPTS = 3
@@ -85,6 +86,38 @@ async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
         if not token:
             break
     return "workflow task failing (no failure recorded in history yet)"
+
+
+async def latest_task_failure(client: Client, workflow_id: str, run_id: str) -> Failure | None:
+    """The failure of the run's latest workflow task when that task failed; ``None`` when it
+    completed or timed out (a worker gone is no wedge) or no task ended yet."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
+
+    ended = (
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+    )
+    token = b""
+    for _ in range(20):  # the latest task is near the end; bound the walk anyway
+        page = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                maximum_page_size=100,
+                next_page_token=token,
+            )
+        )
+        for event in page.history.events:
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                return event.workflow_task_failed_event_attributes.failure
+            if event.event_type in ended:
+                return None
+        token = page.next_page_token
+        if not token:
+            break
+    return None
 
 
 def first_line(failure: str) -> str:

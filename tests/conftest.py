@@ -19,7 +19,7 @@ Add new shared fixtures below in their own section, session-scoped when they sta
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from temporalio.client import Client
@@ -27,6 +27,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer
+from tests.wedge import last_look, wedge_detector
+
+__all__ = ["wedge_detector"]  # autouse: every test that uses the dev server is checked
 
 # --- Temporal ---------------------------------------------------------------------------------
 
@@ -39,14 +42,21 @@ def temporal_server() -> Iterator[DevServer]:
 
 
 @pytest.fixture(scope="session")
-async def client(temporal_server: DevServer) -> Client:
+async def client(temporal_server: DevServer) -> AsyncIterator[Client]:
     """A client of the session server, with the pydantic data converter relaykit's payloads
-    need (workers built on this client inherit it)."""
-    return await Client.connect(
+    need (workers built on this client inherit it).
+
+    When the session ends, the wedge detector (``tests/wedge.py``) reads once more the runs that
+    were still open when their test ended."""
+    client = await Client.connect(
         temporal_server.address,
         namespace=temporal_server.namespace,
         data_converter=pydantic_data_converter,
     )
+    yield client
+    problems = await last_look(client)
+    if problems:
+        pytest.fail("wedged after their test ended:\n" + "\n".join(problems), pytrace=False)
 
 
 # --- Models -----------------------------------------------------------------------------------

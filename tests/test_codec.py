@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from relaykit.storage import Store, scope_for
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from tests.support import scripted_model, serving
+from tests.wedge import watching
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = base64.b64encode(bytes(range(32))).decode()
@@ -523,6 +524,18 @@ def deployment(
             worker.wait(timeout=15)
 
 
+@pytest.fixture(autouse=True)
+async def _wedges_on_the_deployments_server(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """The session's wedge detector watches only the session's server; this one watches the
+    deployment's, with the same declarations."""
+    if "deployment" not in request.fixturenames:
+        yield
+        return
+    deployment: Deployment = request.getfixturevalue("deployment")
+    async with watching(request.node, deployment.server.address):
+        yield
+
+
 def _read_until(stream: Any, marker: str) -> list[str]:
     """Lines of a worker's log up to the one with ``marker`` (all of them if it exits first)."""
     seen: list[str] = []
@@ -645,6 +658,10 @@ async def test_commands_without_the_codec_fail_in_one_line_before_changing_the_r
         assert (await handle.result()).output == "paid"
 
 
+@pytest.mark.wedge_expected(
+    "the worker cannot decrypt the run's input: every workflow task fails until it is ended",
+    cause="WORKFLOW_WORKER_UNHANDLED_FAILURE",
+)
 async def test_run_wait_with_another_key_than_the_workers_is_one_line_not_an_endless_wait(
     deployment: Deployment,
 ) -> None:

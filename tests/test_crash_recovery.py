@@ -46,6 +46,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from relaykit import RunHandle, get_run, start_run
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
+from tests.wedge import wedges_on
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT = "crash_agent"
@@ -377,11 +378,13 @@ async def test_temporal_server_restart_on_its_database_file_keeps_the_run(
             result = await asyncio.wait_for(
                 get_run(client, handle.id).result(), timeout=START_AND_FINISH
             )
+            wedged = await wedges_on(second_server.address)
     finally:
         hold.set()
         for server in (first_server, second_server):
             if server is not None:
                 await asyncio.to_thread(server.stop)
     assert result.output == "done"
+    assert wedged == []
     assert rig.tool_calls() == {"quick 1": 1}
     assert model_server.request_count(rig.model) in (2, 3)

@@ -14,6 +14,7 @@ from temporalio.client import Client
 
 from relaykit.errors import RelaykitError
 from tests.test_cli import Lines, free_port, popen, stop
+from tests.wedge import wedges_on
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTHING_CONFIGURED = {
@@ -136,8 +137,10 @@ def test_demo_answers_right_survives_the_sigkill_of_its_worker_and_runs_no_finis
         out.wait_for("Your cash:", timeout=10)
         workflow_id = link.rsplit("/", 1)[-1]
         events = asyncio.run(_history(port, workflow_id))
+        wedged = asyncio.run(wedges_on(f"127.0.0.1:{port}"))
     finally:
         stop(demo)
+    assert wedged == []
     assert err.lines[0].startswith("model: scripted stand-in model"), err.lines
     answer = "\n".join(out.lines)
     assert "500.00 EUR = 81967.21 JPY" in answer

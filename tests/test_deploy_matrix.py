@@ -398,6 +398,11 @@ def test_the_recorded_matrix_histories_replay_with_either_version(
     assert done.stdout.strip().splitlines()[-1] == "replayed 13, failed 0, skipped 0"
 
 
+@pytest.mark.wedge_expected(
+    "the other application's worker refuses the run's task until the run's own worker is back",
+    cause="WORKFLOW_WORKER_UNHANDLED_FAILURE",
+    match="serves none of the agents of run",
+)
 async def test_a_worker_serving_none_of_a_runs_agents_leaves_the_run_to_its_own_workers(
     client: Client,
     rig: CrashRig,

@@ -364,6 +364,68 @@ async def test_an_inbox_with_the_runs_codec_shows_encrypted_arguments_and_one_wi
     assert invocations == [] and "no" in result.output
 
 
+async def test_inbox_says_temporal_is_unreachable_with_a_503_page_and_json_and_one_log_line(
+    tmp_path: Any,
+) -> None:
+    # Temporal stops while the inbox runs: the page says so and retries by itself, the API
+    # answers a JSON 503, and the log has one line per request, no traceback.
+    server = DevServer(port=0, headless=True, in_memory=True).start()
+    log = tmp_path / "inbox.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relaykit.cli", "inbox", "--port", "0"],
+            cwd=REPO_ROOT,
+            env=_env(server.address),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "inbox on " not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            await asyncio.sleep(0.1)
+        url = log.read_text().split("inbox on ", 1)[1].split()[0]
+        server.stop()
+        async with httpx.AsyncClient(timeout=60) as http:
+            page = await http.get(f"{url}/")
+            api = await http.get(f"{url}/api/pending")
+            decided = await http.post(
+                f"{url}/api/decide", json={"run_id": "r", "call_id": "c", "approve": True}
+            )
+            logged = log.read_text()
+            port = int(server.address.rsplit(":", 1)[1])
+            back = DevServer(port=port, headless=True, in_memory=True).start()
+            try:  # Temporal back on the same address: the inbox answers again, not restarted
+
+                async def answers() -> bool:
+                    return (await http.get(f"{url}/api/pending")).status_code == 200
+
+                await eventually(answers, "the inbox to answer once Temporal is back", 60)
+            finally:
+                back.stop()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        server.stop()
+    unreachable = f"Temporal is unreachable at {server.address}"
+    assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+    assert unreachable in page.text and "retries by itself" in page.text
+    assert '<meta http-equiv="refresh"' in page.text
+    for response in (api, decided):
+        assert response.status_code == 503 and response.headers["retry-after"] == "5"
+        body = response.json()
+        assert body["error"].startswith(unreachable) and body["retry_after"] == 5
+    said = logged.strip().splitlines()[1:]
+    assert "Traceback" not in log.read_text()
+    assert [line.split(":", 1)[0] for line in said] == [
+        "GET /",
+        "GET /api/pending",
+        "POST /api/decide",
+    ], said
+    assert all(unreachable in line and line.endswith("answered 503") for line in said)
+
+
 def test_inbox_refuses_to_listen_off_loopback_without_a_token(temporal_server: DevServer) -> None:
     # Anyone who reaches an unguarded inbox could approve tool calls: one line, exit status 1.
     done = subprocess.run(

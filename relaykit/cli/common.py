@@ -9,9 +9,7 @@ import functools
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Coroutine
-from contextlib import nullcontext
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -33,7 +31,6 @@ from relaykit.client import (
     task_queue_has_worker,
 )
 from relaykit.errors import RelaykitError, RunFailed
-from relaykit.runs import RunResult
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -194,14 +191,15 @@ def _is_open(description: WorkflowExecutionDescription) -> bool:
     return description.status == WorkflowExecutionStatus.RUNNING
 
 
-NO_WORKER_AFTER = 3.0
-"""Seconds a waiting ``run`` gives a worker to show up before saying that none polls."""
-
-
-def _no_worker_message(task_queue: str) -> str:
+def _no_worker_message(task_queue: str, last_poll: float | None = None) -> str:
+    seen = (
+        ""
+        if last_poll is None
+        else f" (a worker polled it {last_poll:.0f} s ago: it has stopped, or is busy)"
+    )
     return (
-        f"no worker polls task queue {task_queue!r}: the run waits until one does; start one "
-        f"with `relaykit worker MODULE --task-queue {task_queue}`"
+        f"no worker polls task queue {task_queue!r}{seen}: the run waits until one does; start "
+        f"one with `relaykit worker MODULE --task-queue {task_queue}`"
     )
 
 
@@ -369,127 +367,6 @@ def _print_result(result: Any, as_json: bool) -> None:
         f"model calls · {result.usage.input_tokens} in / "
         f"{result.usage.output_tokens} out tokens[/dim]"
     )
-
-
-def _activity_line(description: WorkflowExecutionDescription) -> str:
-    pending = list(description.raw_description.pending_activities)
-    if not pending:
-        return ""
-    now = time.time()
-    parts = []
-    for activity in pending:
-        since = (
-            activity.last_started_time
-            if activity.HasField("last_started_time")
-            else (activity.scheduled_time)
-        )
-        seconds = max(0, int(now - since.ToSeconds())) if since.seconds else 0
-        parts.append(f"{activity.activity_type.name} {seconds}s")
-    return " · " + ", ".join(parts)
-
-
-async def _status_line(handle: RunHandle) -> str | None:
-    """One line: agent, turn, and the activities in progress with how long they have run."""
-    try:
-        state = await asyncio.wait_for(handle.state(), timeout=2.0)
-        description = await asyncio.wait_for(handle.workflow.describe(), timeout=2.0)
-    except Exception:  # noqa: BLE001 - a slow or absent worker: keep the last line
-        return None
-    if state.status == "waiting_approval":
-        status = f" · waiting for approval (relaykit pending {handle.id})"
-    else:
-        status = "" if state.status == "running" else f" · {state.status}"
-    return f"{state.agent} · turn {state.turn}{status}{_activity_line(description)}"
-
-
-FAILING_TASK_CHECK = 2.0
-"""Seconds between the checks of a waiting ``run`` for a worker that keeps failing the run."""
-
-
-async def _failing_task(handle: RunHandle, task_queue: str) -> RelaykitError | None:
-    """Why the worker keeps failing the run's workflow task, when it does. Temporal retries a
-    failed workflow task forever without closing the run, so without this a worker that cannot
-    decode the run's input (another codec or key than this command's) would leave ``run --wait``
-    waiting without a word."""
-    try:
-        description = await handle.workflow.describe()
-    except RPCError:
-        return None
-    raw = description.raw_description
-    if not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < 2:
-        return None
-    failure = None  # the failure of the latest workflow task, if that task failed
-    try:
-        async for event in handle.workflow.fetch_history_events():
-            if event.HasField("workflow_task_failed_event_attributes"):
-                failure = event.workflow_task_failed_event_attributes.failure
-            elif event.HasField("workflow_task_completed_event_attributes") or event.HasField(
-                "workflow_task_timed_out_event_attributes"
-            ):  # an earlier failure that a later attempt got past, or a worker gone: not this
-                failure = None
-    except RPCError:
-        return None
-    if failure is None:
-        return None
-    hint = f"the worker keeps retrying; `relaykit terminate {handle.id}` ends the run"
-    if failure.HasField("encoded_attributes"):  # the worker's failure converter encoded it
-        try:
-            decoded = await handle.client.data_converter.decode_failure(failure)
-            message = str(decoded)
-        except Exception:  # noqa: BLE001 - a codec may raise anything
-            encoding = failure.encoded_attributes.metadata.get("encoding", b"").decode(
-                errors="replace"
-            )
-            return RelaykitError(
-                f"the worker on task queue {task_queue!r} cannot run {handle.id}, and its error "
-                f"is encoded as {encoding!r} with a codec or key this command lacks: the worker "
-                "and this command use different codecs or keys",
-                hint=f"give both the same RELAYKIT_CODEC and key; {hint}",
-            )
-    else:
-        message = failure.message
-    from relaykit.stuck import first_line
-
-    first = first_line(message)
-    return RelaykitError(
-        f"the worker on task queue {task_queue!r} fails run {handle.id} on every attempt: {first}",
-        hint=f"a codec or key other than this command's gives this too; {hint}",
-    )
-
-
-async def _wait_for_result(handle: RunHandle, task_queue: str) -> RunResult:
-    """Wait for the run's result. On a terminal, a live status line says what the run is
-    doing; anywhere, a run no worker serves is said to wait for one, and a run its worker keeps
-    failing ends the wait with why."""
-    result_task = asyncio.ensure_future(handle.result())
-    live = err_console.is_terminal
-    began = time.monotonic()
-    worker_checked = False
-    task_checked = began
-    status = err_console.status("waiting for the run to start…") if live else nullcontext()
-    try:
-        with status:
-            while True:
-                await asyncio.wait({result_task}, timeout=1.0)
-                if result_task.done():
-                    break
-                if not worker_checked and time.monotonic() - began >= NO_WORKER_AFTER:
-                    worker_checked = True
-                    if not await _served(handle.client, task_queue):
-                        _warn_no_worker(task_queue)
-                if time.monotonic() - task_checked >= FAILING_TASK_CHECK:
-                    task_checked = time.monotonic()
-                    failing = await _failing_task(handle, task_queue)
-                    if failing is not None:
-                        raise failing
-                if live:
-                    line = await _status_line(handle)
-                    if line is not None and hasattr(status, "update"):
-                        status.update(line)
-    finally:
-        if not result_task.done():
-            result_task.cancel()
-    return result_task.result()
 
 
 def listening_socket(host: str, port: int) -> tuple[Any, str]:

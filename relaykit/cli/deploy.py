@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from temporalio.service import RPCError
@@ -55,7 +55,8 @@ async def replay_check(
 ) -> None:
     """Replay runs' histories against the agents and workflow code of MODULE, changing nothing
     on the server: the check to run before every deploy. One line per failing or skipped run,
-    then a summary. Exit 0 when none failed, 1 when any did, 2 when the check could not run."""
+    then a summary. Exit 0 when none failed, 1 when any did, 2 when the check could not run,
+    3 when it found no run to replay."""
     from relaykit.loading import load_agents
     from relaykit.replay_check import replay_check as check
 
@@ -74,6 +75,8 @@ async def replay_check(
             f"[red]error:[/red] replay check could not run: {message}", highlight=False
         )
         raise typer.Exit(2) from None
+    if not outcomes:
+        await _nothing_to_replay(client, task_queue, query, histories)
     for outcome in outcomes:
         if outcome.outcome != "ok":
             print(outcome.line())
@@ -84,6 +87,43 @@ async def replay_check(
     print(f"replayed {replayed}, failed {counts['failed']}, skipped {counts['skipped']}")
     if counts["failed"]:
         raise typer.Exit(1)
+
+
+NOTHING_TO_REPLAY = 3
+"""``replay-check``'s exit status when it found no run: a deploy gate must not take that for a
+pass (the workers may poll another queue than the one checked)."""
+
+
+async def _nothing_to_replay(
+    client: Any, task_queue: str, query: str | None, histories: Path | None
+) -> None:
+    from relaykit.replay_check import open_run_queues
+
+    if histories is not None:
+        found = f"no history file in {histories}"
+    elif query is not None:
+        found = f"no run matching --query {query!r}"
+    else:
+        found = f"no open run on task queue {task_queue!r}"
+    where = ""
+    if histories is None:
+        try:
+            queues = await open_run_queues(client)
+        except RPCError:
+            queues = {}
+        others = {name: count for name, count in queues.items() if name != task_queue}
+        if others:
+            where = (
+                " (open runs are on: "
+                + ", ".join(f"{name!r} ({count})" for name, count in sorted(others.items()))
+                + ")"
+            )
+    err_console.print(
+        f"[red]error:[/red] replay check found {found} to replay{where}; nothing was checked "
+        "(hint: pick the queue your workers poll with --task-queue, or the runs with --query)",
+        highlight=False,
+    )
+    raise typer.Exit(NOTHING_TO_REPLAY)
 
 
 deployment_app = typer.Typer(

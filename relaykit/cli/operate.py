@@ -18,11 +18,11 @@ from relaykit.cli.common import (
     _print_result,
     _served_handle,
     _text_arg,
-    _wait_for_result,
     command,
     err_console,
     listening_socket,
 )
+from relaykit.cli.waiting import refuse_if_stuck, unless_stuck, wait_for_result
 from relaykit.client import DEFAULT_TASK_QUEUE
 
 INBOX_AUTH_ENV = "RELAYKIT_INBOX_AUTH"
@@ -54,8 +54,10 @@ async def steer(
     the next one starts at once with this message; a summary of older turns in flight
     finishes first; otherwise the same as `send`."""
     _text_arg(text, "message")
-    handle, _ = await _served_handle(run_id, address, namespace, "be steered")
-    if await handle.steer(text):
+    handle, description = await _served_handle(run_id, address, namespace, "be steered")
+    await refuse_if_stuck(handle, description)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if await unless_stuck(handle, queue, handle.steer(text)):
         print("steered: the model call in flight was cancelled; the next one has your message")
     else:
         print("queued: no turn's model call in flight, the next one has your message")
@@ -83,7 +85,7 @@ async def fork(
     if not wait:
         return
     description = await handle.workflow.describe()
-    result = await _wait_for_result(handle, description.task_queue or DEFAULT_TASK_QUEUE)
+    result = await wait_for_result(handle, description.task_queue or DEFAULT_TASK_QUEUE)
     _print_result(result, as_json)
 
 

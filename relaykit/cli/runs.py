@@ -28,7 +28,6 @@ from relaykit.cli.common import (
     TaskQueueOpt,
     _client,
     _described,
-    _handle,
     _is_open,
     _open_handle,
     _print_answer,
@@ -39,12 +38,12 @@ from relaykit.cli.common import (
     _served_handle,
     _status_word,
     _text_arg,
-    _wait_for_result,
     command,
     console,
     err_console,
     ui_url,
 )
+from relaykit.cli.waiting import WaitWatch, refuse_if_stuck, unless_stuck, wait_for_result
 from relaykit.client import (
     DEFAULT_TASK_QUEUE,
     RunHandle,
@@ -180,16 +179,7 @@ async def run(
         err_console.print(
             f"run [bold]{handle.id}[/bold]  {ui_url(handle.id, client.namespace)}", highlight=False
         )
-        try:
-            finished = await _wait_for_result(handle, queue)
-        except asyncio.CancelledError:  # Ctrl-C: only this command stops
-            err_console.print(
-                f"stopped waiting; run {handle.id} goes on (`relaykit result {handle.id}` waits "
-                f"for it again, `relaykit cancel {handle.id}` stops it)",
-                highlight=False,
-            )
-            raise
-        _print_result(finished, as_json)
+        _print_result(await wait_for_result(handle, queue), as_json)
         return
     try:  # surface immediate failures (an agent the worker does not serve) as an error
         await asyncio.wait_for(asyncio.shield(handle.result()), timeout=1.0)
@@ -206,13 +196,21 @@ async def run(
 async def result(
     run_id: RunIdArg,
     as_json: JsonOpt = False,
+    no_wait: Annotated[
+        bool,
+        typer.Option(
+            "--no-wait",
+            help="On an open run, say what it waits for and exit with status 3 instead of waiting",
+        ),
+    ] = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Wait for a run's result and print it."""
+    """Wait for a run's result and print it; says at once what an open run waits for (a
+    person's approval, a resume, a worker)."""
     from relaykit.stuck import stuck
 
-    handle = await _handle(run_id, address, namespace)
+    handle, description = await _described(run_id, address, namespace)
     wedged = await stuck(handle.client, run_id)
     if wedged is not None:  # waiting would never end
         raise RelaykitError(
@@ -221,7 +219,20 @@ async def result(
             hint="roll back the worker's code, or `temporal workflow reset` the run "
             "(docs/deploy.md)",
         )
-    _print_result(await handle.result(), as_json)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    if no_wait and _is_open(description):
+        line = await WaitWatch(handle, queue).check()
+        err_console.print(
+            line or f"run {run_id} is running: `relaykit result {run_id}` waits for its answer",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(STILL_OPEN)
+    _print_result(await wait_for_result(handle, queue), as_json)
+
+
+STILL_OPEN = 3
+"""``result --no-wait``'s exit status for a run that has not ended."""
 
 
 def ui_url_command(
@@ -249,7 +260,9 @@ async def pending(
             highlight=False,
         )
         return
-    approvals = await handle.pending_approvals()
+    await refuse_if_stuck(handle, description)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    approvals = await unless_stuck(handle, queue, handle.pending_approvals())
     if as_json:
         print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
         return
@@ -271,8 +284,12 @@ async def approve(
 ) -> None:
     """Approve (or --reject) a tool call waiting for a person."""
     _text_arg(reason, "reason")
-    handle, _ = await _served_handle(run_id, address, namespace, "answer approvals")
-    item = await handle.approve(call_id, approved=not reject, reason=reason)
+    handle, description = await _served_handle(run_id, address, namespace, "answer approvals")
+    await refuse_if_stuck(handle, description)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    item = await unless_stuck(
+        handle, queue, handle.approve(call_id, approved=not reject, reason=reason)
+    )
     print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
 
 
@@ -285,8 +302,10 @@ async def send(
 ) -> None:
     """Inject a user message into a running run."""
     _text_arg(text, "message")
-    handle, _ = await _served_handle(run_id, address, namespace, "take messages")
-    await handle.send_message(text)
+    handle, description = await _served_handle(run_id, address, namespace, "take messages")
+    await refuse_if_stuck(handle, description)
+    queue = description.task_queue or DEFAULT_TASK_QUEUE
+    await unless_stuck(handle, queue, handle.send_message(text))
     print("queued")
 
 

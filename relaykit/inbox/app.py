@@ -9,6 +9,10 @@ Routes:
   worker serves the run;
 - ``GET /signin?token=…`` (the link ``relaykit inbox`` prints) and ``POST /signin`` (the form).
 
+While Temporal is unreachable, every route that asks it answers 503 (with ``Retry-After``): the
+page says so and reloads by itself, the API answers ``{"error", "retry_after"}``; the log gets
+one line per request, not a traceback.
+
 Security, with ``authorization`` set (``RELAYKIT_INBOX_AUTH="Bearer …"``):
 
 - every route answers 401 unless the request carries exactly that ``Authorization`` header or
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -38,8 +43,14 @@ from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
-from relaykit.inbox.page import render_inbox, render_sign_in
+from relaykit.inbox.page import (
+    UNREACHABLE_RETRY_SECONDS,
+    render_inbox,
+    render_sign_in,
+    render_unreachable,
+)
 from relaykit.inbox.pending import (
     DecideError,
     InboxListing,
@@ -56,6 +67,16 @@ LISTING_CACHE_SECONDS = 2.0
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 _STATUS = {"not_found": 404, "conflict": 409, "unavailable": 503}
+
+logger = logging.getLogger(__name__)
+
+
+def temporal_problem(client: Client, exc: RPCError) -> str:
+    """One line on why Temporal did not answer (the client's own retries are already spent)."""
+    if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+        target = client.service_client.config.target_host
+        return f"Temporal is unreachable at {target}: {exc.message}"
+    return f"Temporal: {exc.message}"
 
 
 def is_loopback(host: str) -> bool:
@@ -354,6 +375,24 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         forget_listing()
         return secured(JSONResponse(done.model_dump()))
 
+    async def temporal_failed(request: Request, exc: Exception) -> Response:
+        """Temporal down or refusing: a 503 saying so (a page that retries by itself, or JSON
+        for the API), and one log line instead of a traceback per request."""
+        assert isinstance(exc, RPCError)
+        problem = temporal_problem(client, exc)
+        logger.warning("%s %s: %s; answered 503", request.method, request.url.path, problem)
+        retry = {"retry-after": str(UNREACHABLE_RETRY_SECONDS)}
+        if request.url.path.startswith("/api/"):
+            refused = api_refused(request)
+            if refused is not None:
+                return refused
+            body = {"error": f"{problem}; retry later", "retry_after": UNREACHABLE_RETRY_SECONDS}
+            return secured(JSONResponse(body, 503, headers=retry))
+        refused = page_refused(request)
+        if refused is not None:
+            return refused
+        return secured(HTMLResponse(render_unreachable(problem), 503, headers=retry))
+
     async def not_found(request: Request, exc: Exception) -> Response:
         refused = api_refused(request)
         if refused is not None:
@@ -377,5 +416,6 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         404: not_found,
         405: not_allowed,
+        RPCError: temporal_failed,
     }
     return Starlette(routes=routes, exception_handlers=handlers)
