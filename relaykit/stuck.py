@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 STUCK_ATTEMPTS = 3
@@ -58,14 +59,16 @@ async def stuck(client: Client, workflow_id: str, run_id: str | None = None) -> 
     )
 
 
-async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
-    """The last workflow task failure in history (Temporal records the first of a series)."""
+async def _events_backwards(
+    client: Client, workflow_id: str, run_id: str
+) -> AsyncIterator[HistoryEvent]:
+    """The run's history from its newest event back, at most 20 pages: what the callers look
+    for (the latest workflow task's outcome) is near the end, and the walk stays bounded."""
     from temporalio.api.common.v1 import WorkflowExecution
-    from temporalio.api.enums.v1 import EventType
     from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 
     token = b""
-    for _ in range(20):  # the failure is near the end; bound the walk anyway
+    for _ in range(20):
         page = await client.workflow_service.get_workflow_execution_history_reverse(
             GetWorkflowExecutionHistoryReverseRequest(
                 namespace=client.namespace,
@@ -75,48 +78,41 @@ async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
             )
         )
         for event in page.history.events:
-            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-                failure = event.workflow_task_failed_event_attributes.failure
-                try:
-                    message = str(await client.data_converter.decode_failure(failure))
-                except Exception:  # noqa: BLE001 - a codec this client lacks
-                    message = failure.message
-                return first_line(message)
+            yield event
         token = page.next_page_token
         if not token:
-            break
+            return
+
+
+async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
+    """The last workflow task failure in history (Temporal records the first of a series)."""
+    from temporalio.api.enums.v1 import EventType
+
+    async for event in _events_backwards(client, workflow_id, run_id):
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            failure = event.workflow_task_failed_event_attributes.failure
+            try:
+                message = str(await client.data_converter.decode_failure(failure))
+            except Exception:  # noqa: BLE001 - a codec this client lacks
+                message = failure.message
+            return first_line(message)
     return "workflow task failing (no failure recorded in history yet)"
 
 
 async def latest_task_failure(client: Client, workflow_id: str, run_id: str) -> Failure | None:
     """The failure of the run's latest workflow task when that task failed; ``None`` when it
     completed or timed out (a worker gone is no wedge) or no task ended yet."""
-    from temporalio.api.common.v1 import WorkflowExecution
     from temporalio.api.enums.v1 import EventType
-    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 
     ended = (
         EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
         EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
     )
-    token = b""
-    for _ in range(20):  # the latest task is near the end; bound the walk anyway
-        page = await client.workflow_service.get_workflow_execution_history_reverse(
-            GetWorkflowExecutionHistoryReverseRequest(
-                namespace=client.namespace,
-                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
-                maximum_page_size=100,
-                next_page_token=token,
-            )
-        )
-        for event in page.history.events:
-            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-                return event.workflow_task_failed_event_attributes.failure
-            if event.event_type in ended:
-                return None
-        token = page.next_page_token
-        if not token:
-            break
+    async for event in _events_backwards(client, workflow_id, run_id):
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            return event.workflow_task_failed_event_attributes.failure
+        if event.event_type in ended:
+            return None
     return None
 
 
