@@ -23,7 +23,12 @@ HERE = Path(__file__).resolve().parent
 docs = MCPServer.stdio(
     "docs",
     [sys.executable, str(HERE / "mcp_docs_server.py")],
-    env_from_env=["MCP_TEST_LOG", "MCP_TEST_DOCS", "MCP_TEST_RELEASE"],
+    env_from_env=[
+        "MCP_TEST_LOG",
+        "MCP_TEST_DOCS",
+        "MCP_TEST_RELEASE",
+        *(["MCP_TEST_HOLD_START"] if os.environ.get("MCP_TEST_HOLD_START") else []),
+    ],
     heartbeat_timeout=None if os.environ.get("MCP_TEST_DEFAULT_HEARTBEAT") else 5,
     retry=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
 )

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,19 @@ def whoami(ctx: Context) -> str:
     return json.dumps(seen)
 
 
+def _hold_start() -> None:
+    """``MCP_TEST_HOLD_START``: wait for that file before serving (a slow server start, which
+    holds the listing of the worker that started it)."""
+    hold = os.environ.get("MCP_TEST_HOLD_START")
+    if not hold:
+        return
+    _log("server", "start", "")
+    while not Path(hold).exists():
+        time.sleep(0.05)
+
+
 def main() -> None:
+    _hold_start()
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None, help="serve streamable HTTP on this port")
     args = parser.parse_args()

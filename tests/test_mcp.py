@@ -938,6 +938,51 @@ async def test_mcp_call_on_a_killed_worker_is_retried_after_the_default_heartbea
     assert message.content.startswith("waited 0") and not message.is_error
 
 
+async def test_mcp_listing_on_a_killed_worker_is_retried_after_the_default_heartbeat_timeout(
+    client: Client, temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    # The listing of a server's tools heartbeats like its calls: a worker SIGKILLed while its
+    # server starts (slowly) is noticed within seconds, not after list_timeout (60 s), and the
+    # next worker lists the tools and the run goes on.
+    from tests.test_crash_recovery import forget_sticky_worker, kill
+
+    log = ServerLog(tmp_path / "stdio.log")
+    release = tmp_path / "release"
+    workers = WorkerProcesses(
+        temporal_server,
+        model_server,
+        tmp_path,
+        extra_env={
+            "MCP_TEST_LOG": str(log.path),
+            "MCP_TEST_HOLD_START": str(release),
+            "MCP_TEST_RELEASE": str(release),  # the docs server's environment names it
+            "MCP_TEST_DEFAULT_HEARTBEAT": "1",
+        },
+    )
+    model_server.script(workers.model, [text("listed")])
+    try:
+        first = workers.start()
+        handle = await start_run(client, "mcp_crash_agent", "go", task_queue=workers.task_queue)
+        await wait_for_log(log, "server", "the docs server never started")
+        workers.start()  # polling before the kill: the wait below is Temporal's, not a start-up
+        ready = tmp_path / "worker-1.log"
+        deadline = time.monotonic() + RESULT_TIMEOUT
+        while b"worker on task queue" not in ready.read_bytes():
+            assert time.monotonic() < deadline, "the second worker never started"
+            await asyncio.sleep(0.1)
+        kill(first)
+        killed = time.monotonic()
+        await forget_sticky_worker(client, handle)
+        release.touch()
+        while log.started()['server ""'] < 2:
+            assert time.monotonic() - killed < 30, "the listing was not retried within 30 s"
+            await asyncio.sleep(0.1)
+        result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    finally:
+        workers.close()
+    assert result.output == "listed"
+
+
 # --- the example ----------------------------------------------------------------------------------
 
 

@@ -432,9 +432,9 @@ class MCPSessions:
         )
 
     async def _with_heartbeat(self, coro: Any) -> Any:
-        """Heartbeat while a call runs (every MCP call has a heartbeat timeout unless its server
-        turned it off), repeating the attempt's start record, which a bare heartbeat would
-        erase."""
+        """Heartbeat while a call or a listing runs (each has a heartbeat timeout unless its
+        server turned it off), repeating the attempt's start record, which a bare heartbeat
+        would erase."""
         info = activity.info() if activity.in_activity() else None
         timeout = info.heartbeat_timeout if info is not None else None
         if not timeout:
@@ -477,7 +477,7 @@ class MCPSessions:
                 outcome = await sessions.call_tool(server, request)
                 return outcome.model_dump(mode="json")
             MCPListRequest.model_validate(raw)
-            listing = await sessions.list_tools(server)
+            listing = await sessions._with_heartbeat(sessions.list_tools(server))
             return listing.model_dump(mode="json")
 
         return relaykit_mcp

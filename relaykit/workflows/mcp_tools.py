@@ -66,6 +66,8 @@ class MCPTools:
                 MCPListRequest(server=server.name),
                 result_type=MCPListing,
                 start_to_close_timeout=server.list_timeout,
+                # a worker lost while it lists is noticed within seconds, as for a call
+                heartbeat_timeout=server.heartbeat_timeout or None,  # timedelta(0): off
                 retry_policy=server.retry,
                 task_queue=server.task_queue,
                 summary=f"list tools of {server.name}",
