@@ -202,6 +202,9 @@ class RunSetup(BaseModel):
     """Those decisions are recorded by a local activity (one per turn with tool calls, one per
     call admitted after an approval wait, one per checked answer), not by a patch marker per
     decision (``relaykit.workflows.call_record``); ``False`` for runs started before."""
+    provider_queues: bool = False
+    """Model calls run on their provider's task queue (:mod:`relaykit.models.queues`), not on
+    the run's; ``False`` for runs started before, which keep theirs."""
 
 
 class RepeatedCall(BaseModel):
