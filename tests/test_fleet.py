@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -55,3 +60,56 @@ async def test_a_worker_limit_of_two_never_has_more_than_two_requests_in_flight(
         results = await asyncio.gather(*(h.result() for h in handles))
     assert sorted(r.output for r in results) == [f"answer {i}" for i in range(6)]
     assert model_server.peak_in_flight(model.name) == 2
+
+
+def _worker_process(
+    address: str, server: ScriptedModelServer, model: str, queue: str, tmp: Path, *args: str
+) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_"))}
+    env.update(
+        TEMPORAL_ADDRESS=address,
+        TEMPORAL_NAMESPACE="default",
+        FLEET_MODEL_URL=server.base_url,
+        FLEET_MODEL_NAME=model,
+        RELAYKIT_STORE=(tmp / "store").as_uri(),  # shared: model calls read transcripts by ref
+        RELAYKIT_MODEL_LIMITS="openai=2/s",
+        PYTHONUNBUFFERED="1",
+    )
+    log = open(tmp / f"worker-{uuid.uuid4().hex[:6]}.log", "wb")  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-m", "relaykit.cli", "worker", "tests.fleet_agents"]
+        + ["--task-queue", queue, *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def test_a_cluster_rate_limit_holds_across_two_worker_processes(
+    client: Client, model_server: ScriptedModelServer, temporal_server: Any, tmp_path: Path
+) -> None:
+    # Two processes poll the provider queue (one of them a dedicated model worker): each could
+    # send every call at once, but the server dispatches 2 a second across both.
+    model = f"fleet-{uuid.uuid4().hex[:10]}"
+    queue = f"fleet-{uuid.uuid4().hex[:10]}"
+    model_server.script(model, [text(f"answer {i}") for i in range(8)])
+    args = (temporal_server.address, model_server, model, queue, tmp_path)
+    procs = [_worker_process(*args), _worker_process(*args, "--models-only")]
+    try:
+        handles = [
+            await start_run(client, "fleet_agent", f"q{i}", task_queue=queue) for i in range(8)
+        ]
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), timeout=90)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert sorted(r.output for r in results) == [f"answer {i}" for i in range(8)]
+    arrivals = sorted(r.at for r in model_server.requests(model))
+    assert len(arrivals) == 8
+    # 8 calls at 2 a second (a burst of a couple allowed) take well over two seconds
+    assert arrivals[-1] - arrivals[0] >= 2.0, arrivals
+    assert all(b - a >= 1.0 for a, b in zip(arrivals, arrivals[3:], strict=False)), arrivals
+    assert await model_call_queues(handles[0].workflow) == [f"{queue}.model.openai"]

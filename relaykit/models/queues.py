@@ -17,8 +17,8 @@ Workflow code imports :func:`model_queue`: this module does no I/O.
 
 from __future__ import annotations
 
+import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -26,10 +26,6 @@ from relaykit.errors import ConfigurationError
 from relaykit.models.spec import ModelSpec
 
 LIMITS_ENV = "RELAYKIT_MODEL_LIMITS"
-
-_ENTRY = re.compile(
-    r"^\s*(?P<key>[^=\s]+)\s*=\s*(?:(?P<concurrent>\d+))?\s*(?:,?\s*(?P<rate>\d+(?:\.\d+)?)\s*/\s*s)?\s*$"
-)
 
 
 def model_queue(spec: ModelSpec, run_queue: str) -> str:
@@ -61,17 +57,27 @@ class ModelLimit:
 
 def parse_limit(text: str) -> tuple[str, ModelLimit]:
     """``"openai=8,20/s"``, ``"openai=8"`` or ``"openai=20/s"`` as (key, limit)."""
-    match = _ENTRY.match(text)
-    if match is None or (match["concurrent"] is None and match["rate"] is None):
+    key, sep, value = text.partition("=")
+    concurrent: int | None = None
+    rate: float | None = None
+    try:
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(text)
+        for part in (p.strip() for p in value.split(",")):
+            if part.replace(" ", "").endswith("/s") and rate is None:
+                rate = float(part.replace(" ", "")[:-2])
+            elif part.isdigit() and concurrent is None:
+                concurrent = int(part)
+            else:
+                raise ValueError(part)
+    except ValueError:
         raise ConfigurationError(
             f"cannot read the model limit {text!r}",
             hint="write PROVIDER=CONCURRENT[,RATE/s], e.g. openai=8,20/s or anthropic=4",
-        )
-    concurrent = int(match["concurrent"]) if match["concurrent"] is not None else None
-    rate = float(match["rate"]) if match["rate"] is not None else None
-    if concurrent == 0 or rate == 0:
+        ) from None
+    if concurrent == 0 or (rate is not None and not (math.isfinite(rate) and rate > 0)):
         raise ConfigurationError(f"a model limit must be above zero: {text!r}")
-    return match["key"], ModelLimit(concurrent, rate)
+    return key.strip(), ModelLimit(concurrent, rate)
 
 
 def parse_limits(entries: Mapping[str, ModelLimit | str] | None) -> dict[str, ModelLimit]:
