@@ -62,6 +62,9 @@ async def test_a_worker_limit_of_two_never_has_more_than_two_requests_in_flight(
     assert model_server.peak_in_flight(model.name) == 2
 
 
+WORKER_COMMAND = (sys.executable, "-m", "relaykit.cli", "worker", "tests.fleet_agents")
+
+
 def _worker_process(
     address: str, server: ScriptedModelServer, model: str, queue: str, tmp: Path, *args: str
 ) -> subprocess.Popen[bytes]:
@@ -77,8 +80,7 @@ def _worker_process(
     )
     log = open(tmp / f"worker-{uuid.uuid4().hex[:6]}.log", "wb")  # noqa: SIM115
     return subprocess.Popen(
-        [sys.executable, "-m", "relaykit.cli", "worker", "tests.fleet_agents"]
-        + ["--task-queue", queue, *args],
+        [*WORKER_COMMAND, "--task-queue", queue, *args],
         cwd=Path(__file__).resolve().parent.parent,
         env=env,
         stdin=subprocess.DEVNULL,
