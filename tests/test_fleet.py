@@ -13,9 +13,10 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from relaykit import Agent, start_run
+from relaykit import Agent, fork_run, start_run, tool
 from relaykit.runs import MODEL_ACTIVITY
-from relaykit.testing.scripted_server import ScriptedModelServer, text
+from relaykit.testing.scripted_server import ScriptedModelServer, call, text
+from relaykit.watch import list_runs
 from tests.support import history_events, scripted_model, serving
 
 
@@ -115,3 +116,110 @@ async def test_a_cluster_rate_limit_holds_across_two_worker_processes(
     assert arrivals[-1] - arrivals[0] >= 2.0, arrivals
     assert all(b - a >= 1.0 for a, b in zip(arrivals, arrivals[3:], strict=False)), arrivals
     assert await model_call_queues(handles[0].workflow) == [f"{queue}.model.openai"]
+
+
+@tool
+def lookup(term: str) -> str:
+    """Look a term up.
+
+    Args:
+        term: What to look up.
+    """
+    return f"{term}: found"
+
+
+def _priorities(events: list[Any]) -> dict[str, list[tuple[int, str, float]]]:
+    """The priority each workflow start, activity and child start in a history carries."""
+    seen: dict[str, list[tuple[int, str, float]]] = {}
+    for e in events:
+        for field in (
+            "workflow_execution_started_event_attributes",
+            "activity_task_scheduled_event_attributes",
+            "start_child_workflow_execution_initiated_event_attributes",
+        ):
+            if e.HasField(field):
+                attrs = getattr(e, field)
+                name = (
+                    attrs.activity_type.name
+                    if field.startswith("activity")
+                    else field.split("_event")[0]
+                )
+                p = attrs.priority
+                seen.setdefault(name, []).append(
+                    (p.priority_key, p.fairness_key, round(p.fairness_weight, 3))
+                )
+    return seen
+
+
+async def test_priority_and_tenant_reach_children_model_calls_and_tools(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    child_model = scripted_model(model_server)
+    parent_model = scripted_model(model_server)
+    model_server.script(child_model.name, [call("lookup", term="b"), text("child done")])
+    model_server.script(
+        parent_model.name,
+        [call("lookup", term="a"), call("ask_helper", input="go"), text("all done")],
+    )
+    helper = Agent(name="helper", model=child_model, tools=[lookup])
+    lead = Agent(name="lead", model=parent_model, tools=[lookup, helper.as_tool()])
+    async with serving(client, lead) as worker:
+        handle = await start_run(
+            client,
+            lead,
+            "go",
+            task_queue=worker.task_queue,
+            priority=2,
+            tenant="acme",
+            tenant_weight=2.0,
+        )
+        assert (await handle.result()).output == "all done"
+    parent = _priorities(await history_events(handle.workflow))
+    child_id = next(
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in await history_events(handle.workflow)
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    )
+    child = _priorities(await history_events(client.get_workflow_handle(child_id)))
+    mine = (2, "acme", 2.0)
+    assert parent["workflow_execution_started"] == [mine]
+    assert parent[MODEL_ACTIVITY] == [mine] * 3
+    assert parent["lookup"] == [mine]
+    # the child run starts with the parent's (Temporal's inheritance, shown on its start)
+    assert child["workflow_execution_started"] == [mine]
+    assert child[MODEL_ACTIVITY] == [mine] * 2
+    assert child["lookup"] == [mine]
+    assert (await handle.workflow.describe()).search_attributes.get("RelayTenant") == ["acme"]
+
+
+async def test_priority_and_tenant_carry_across_continue_as_new_and_forks(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = scripted_model(model_server)
+    model_server.script(
+        model.name,
+        [call("lookup", term="a"), call("lookup", term="b"), text("done"), text("forked")],
+    )
+    agent = Agent(name="long", model=model, tools=[lookup])
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            continue_as_new_after_turns=1,
+            priority=4,
+            tenant="globex",
+        )
+        assert (await handle.result()).output == "done"
+        latest = client.get_workflow_handle(handle.id)  # the last run of the chain
+        events = await history_events(latest)
+        started = events[0].workflow_execution_started_event_attributes
+        assert started.continued_execution_run_id  # a continue-as-new happened
+        assert _priorities(events)["workflow_execution_started"] == [(4, "globex", 0.0)]
+        fork = await fork_run(client, handle.id, 1)
+        assert (await fork.result()).output == "forked"
+    forked = _priorities(await history_events(fork.workflow))
+    assert forked["workflow_execution_started"] == [(4, "globex", 0.0)]
+    rows = await list_runs(client, tenant="globex", limit=10)
+    assert {handle.id, fork.id} <= {row.id for row in rows}

@@ -35,6 +35,7 @@ from relaykit.output import OutputType
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows.loop_guard import withhold_tools
+from relaykit.workflows.run_priority import run_priority
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.subagent_tasks import SubagentTasks
 from relaykit.workflows.tool_path import ToolPath
@@ -145,7 +146,7 @@ class ModelCalls:
         spec = request.model
         what = f"{SUMMARY_LABEL} {run.state.turn}" if summary else f"turn {run.state.turn}"
         self._summary_in_flight = summary
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = run_priority()  # the run's: visible in history
         if run.setup_flag("provider_queues"):  # the provider's queue, where its limits hold
             options["task_queue"] = model_queue(spec, workflow.info().task_queue)
         # Started as a handle (the same command as execute_activity) so that a steer can cancel
