@@ -173,6 +173,23 @@ async def storm(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+@contextmanager
+def gates_open() -> Iterator[None]:
+    """The storm as it was before 429 backpressure: every call retries on its own."""
+    from relaykit.models.backpressure import ProviderGates
+
+    original = ProviderGates.wait
+
+    async def never_wait(self: Any, key: str, provider: str, heartbeat: Any) -> Any:
+        return lambda exc: None
+
+    ProviderGates.wait = never_wait  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ProviderGates.wait = original  # type: ignore[method-assign]
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"args": vars(args)}
     if "fairness" in args.scenarios:
@@ -193,6 +210,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if "storm" in args.scenarios:
         out["storm"] = await storm(args)
         print(json.dumps({"storm": out["storm"]}), flush=True)
+        with gates_open():
+            out["storm_without_gate"] = await storm(args)
+        print(json.dumps({"storm_without_gate": out["storm_without_gate"]}), flush=True)
     return out
 
 
