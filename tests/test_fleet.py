@@ -10,11 +10,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from relaykit import Agent, fork_run, start_run, tool
 from relaykit.cli.common import waiting_reason
+from relaykit.errors import ConfigurationError
+from relaykit.models.queues import LIMITS_ENV, ModelLimit, limits_from_env, parse_limit
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.testing.scripted_server import ScriptedModelServer, call, error, text
 from relaykit.watch import list_runs
@@ -260,3 +263,26 @@ async def _waiting_reason(client: Client, handle: Any) -> str | None:
             return reason
         await asyncio.sleep(0.05)
     return None
+
+
+async def test_a_priority_or_tenant_temporal_would_refuse_is_a_clear_error_at_start(
+    client: Client,
+) -> None:
+    for bad in ({"priority": 0}, {"priority": 6}, {"tenant": "x" * 65}, {"tenant_weight": 0}):
+        with pytest.raises(ConfigurationError):
+            await start_run(client, "nobody", "hi", task_queue="unused", **bad)  # type: ignore[arg-type]
+
+
+def test_model_limits_read_from_flags_and_environment() -> None:
+    assert parse_limit("openai=8,20/s") == ("openai", ModelLimit(8, 20.0))
+    assert parse_limit("relaykit.model.anthropic=3.5/s") == (
+        "relaykit.model.anthropic",
+        ModelLimit(None, 3.5),
+    )
+    assert limits_from_env({LIMITS_ENV: "openai=8;anthropic=2,1/s"}) == {
+        "openai": ModelLimit(8, None),
+        "anthropic": ModelLimit(2, 1.0),
+    }
+    for bad in ("openai", "openai=", "openai=0", "openai=1,2", "openai=fast", "openai=inf/s"):
+        with pytest.raises(ConfigurationError):
+            parse_limit(bad)
