@@ -286,3 +286,28 @@ def test_model_limits_read_from_flags_and_environment() -> None:
     for bad in ("openai", "openai=", "openai=0", "openai=1,2", "openai=fast", "openai=inf/s"):
         with pytest.raises(ConfigurationError):
             parse_limit(bad)
+
+
+async def test_a_run_recorded_before_provider_queues_keeps_its_queue_across_continue_as_new(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The state a continue-as-new carries from a run recorded before provider queues: its
+    # choices say no, so its next workflow run sends model calls to the run's queue as before.
+    from relaykit.runs import AGENT_RUN_WORKFLOW, RunInput, RunResult, RunSetup, RunState
+    from relaykit.workflows.run_state import NEW_RUN_CHOICES
+
+    model = scripted_model(model_server)
+    model_server.script(model.name, [text("as before")])
+    agent = Agent(name="veteran", model=model)
+    setup = RunSetup(**dict.fromkeys(NEW_RUN_CHOICES, True))
+    assert setup.provider_queues is False
+    async with serving(client, agent) as worker:
+        handle = await client.start_workflow(
+            AGENT_RUN_WORKFLOW,
+            RunInput(agent="veteran", input="hi", state=RunState(agent="veteran", setup=setup)),
+            id=f"veteran-{uuid.uuid4().hex[:8]}",
+            task_queue=worker.task_queue,
+            result_type=RunResult,
+        )
+        assert (await handle.result()).output == "as before"
+    assert await model_call_queues(handle) == [worker.task_queue]
