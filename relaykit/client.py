@@ -221,27 +221,41 @@ async def start_run(
     context: dict[str, Any] | None = None,
     continue_as_new_after_turns: int | None = None,
     output_retries: int | None = None,
+    priority: int | None = None,
+    tenant: str | None = None,
+    tenant_weight: float | None = None,
     **start_options: Any,
 ) -> RunHandle:
     """Start a run of ``agent`` (by name or object) and return its handle at once.
 
     ``output_retries`` overrides ``Agent.output_retries`` (repairs of an invalid structured
-    answer) for every agent the run reaches."""
+    answer) for every agent the run reaches. ``priority`` (1 first .. 5 last, default 3) and
+    ``tenant`` / ``tenant_weight`` give the run and everything it starts Temporal's priority and
+    fair share of the fleet's workers (:mod:`relaykit.fleet`, docs/fleet.md)."""
+    from relaykit import fleet
+
+    fleet.check(priority, tenant, tenant_weight)
     name = agent.name if isinstance(agent, Agent) else agent
     prompt = input if isinstance(input, str) else (input[-1].content if input else "")
+    run_input = RunInput(
+        agent=name,
+        input=input,
+        max_turns=max_turns,
+        answer_on_last_turn=answer_on_last_turn,
+        budget=budget,
+        extra_instructions=extra_instructions,
+        context=context or {},
+        continue_as_new_after_turns=continue_as_new_after_turns,
+        output_retries=output_retries,
+        priority=priority,
+        tenant=tenant,
+        tenant_weight=tenant_weight,
+    )
+    if priority is not None or tenant is not None or tenant_weight is not None:
+        start_options = {**(await fleet.start_options(client, run_input)), **start_options}
     handle = await client.start_workflow(
         AGENT_RUN_WORKFLOW,
-        RunInput(
-            agent=name,
-            input=input,
-            max_turns=max_turns,
-            answer_on_last_turn=answer_on_last_turn,
-            budget=budget,
-            extra_instructions=extra_instructions,
-            context=context or {},
-            continue_as_new_after_turns=continue_as_new_after_turns,
-            output_retries=output_retries,
-        ),
+        run_input,
         id=id or new_run_id(name),
         task_queue=task_queue,
         result_type=RunResult,

@@ -301,9 +301,15 @@ async def run_worker(
         served = Worker(client, agents, task_queue=task_queue, default_model=spec, **worker_options)
         console.print(f"model: [bold]{choice.label}[/bold]")
         console.print(
-            f"worker on task queue [bold]{task_queue}[/bold] serving: "
+            (
+                "model worker (no runs) for: "
+                if served.models_only
+                else f"worker on task queue [bold]{task_queue}[/bold] serving: "
+            )
             + ", ".join(sorted(served.graph.agents))
         )
+        for queue, limit in served.model_queues().items():
+            console.print(f"model calls on [bold]{queue}[/bold] (limit: {limit})")
         if served.build is not None:
             console.print(
                 f"deployment [bold]{served.build.deployment_name}[/bold], build "

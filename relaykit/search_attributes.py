@@ -15,7 +15,7 @@ enabled runs:
       temporal operator search-attribute create --namespace default \\
           --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
           --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
-          --name RelayForkOf --type Keyword
+          --name RelayForkOf --type Keyword --name RelayTenant --type Keyword
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -56,6 +56,10 @@ RELAY_FORK_OF: Final = SearchAttributeKey.for_keyword("RelayForkOf")
 when the fork starts, and only when the namespace has it (namespaces registered before it
 existed still get the others)."""
 
+RELAY_TENANT: Final = SearchAttributeKey.for_keyword("RelayTenant")
+"""The tenant a run was started for (``start_run(..., tenant=...)``, also on forks). Set when the
+run starts, and only when the namespace has it."""
+
 UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
     RELAY_STATUS,
@@ -64,7 +68,7 @@ UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
 ]
 """What runs write themselves: a worker lets runs upsert only when all of these are registered."""
 
-ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF]
+ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF, RELAY_TENANT]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
 # The spelling that `temporal` CLI flags (--search-attribute, --type) accept.

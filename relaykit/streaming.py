@@ -81,6 +81,9 @@ class ModelProgress(BaseModel):
     attempt: int
     text: str = ""
     truncated: bool = False
+    waiting: str | None = None
+    """Why the call has not been sent yet (``"rate limited by openai until 12:04:31"``: see
+    :mod:`relaykit.models.backpressure`); ``None`` once it is."""
 
 
 class DeltaPublisher:

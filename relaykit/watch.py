@@ -358,7 +358,12 @@ def _quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def runs_query(status: str | None = None, agent: str | None = None, roots: bool = False) -> str:
+def runs_query(
+    status: str | None = None,
+    agent: str | None = None,
+    roots: bool = False,
+    tenant: str | None = None,
+) -> str:
     parts = [f"WorkflowType = {_quote(AGENT_RUN_WORKFLOW)}"]
     if status is not None:
         parts.append(f"({STATUS_FILTERS[status]})")
@@ -366,6 +371,8 @@ def runs_query(status: str | None = None, agent: str | None = None, roots: bool 
         parts.append(f"RelayAgent = {_quote(agent)}")
     if roots:
         parts.append("RelayParentRun IS NULL")
+    if tenant is not None:
+        parts.append(f"RelayTenant = {_quote(tenant)}")
     return " AND ".join(parts)
 
 
@@ -427,9 +434,11 @@ async def list_runs(
     agent: str | None = None,
     roots: bool = False,
     limit: int = 50,
+    tenant: str | None = None,
 ) -> list[RunRow]:
     rows = []
-    async for execution in client.list_workflows(runs_query(status, agent, roots), limit=limit):
+    query = runs_query(status, agent, roots, tenant)
+    async for execution in client.list_workflows(query, limit=limit):
         rows.append(_row(execution))
     return rows
 

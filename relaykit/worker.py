@@ -29,6 +29,7 @@ from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
+from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model_queue, parse_limits
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.payload_storage import with_external_storage
 from relaykit.search_attributes import registered as search_attributes_registered
@@ -101,6 +102,14 @@ class Worker:
     ``max_concurrent_activities`` and ``graceful_shutdown_timeout`` (default Temporal's: none;
     the CLI uses :data:`DEFAULT_GRACEFUL_SHUTDOWN`) are Temporal worker options, as is anything
     else passed as a keyword.
+
+    Model calls of new runs run on their provider's task queue (``<task_queue>.model.<provider>``
+    or ``ModelSpec.task_queue``; :mod:`relaykit.models.queues`), which this worker polls too, for
+    every model of the agents it serves. ``model_limits`` (``{"openai": "8,20/s"}``, keyed by
+    provider or queue; default ``RELAYKIT_MODEL_LIMITS``, then ``ModelSpec.concurrent`` and
+    ``ModelSpec.per_second``) caps each provider queue: that many calls at once on this worker,
+    that many a second across the cluster. ``models_only`` makes a dedicated model worker: it
+    polls the provider queues only, not the run queue.
     """
 
     def __init__(
@@ -126,6 +135,8 @@ class Worker:
         deployment: str | None = None,
         build_id: str | None = None,
         upgrade_on_continue_as_new: bool = False,
+        model_limits: dict[str, ModelLimit | str] | None = None,
+        models_only: bool = False,
         **worker_options: Any,
     ) -> None:
         if tool_threads < 1:
@@ -181,6 +192,40 @@ class Worker:
         self.mcp_sessions: Any = None
         """The worker's MCP sessions (:class:`relaykit.activities.mcp_activities.MCPSessions`)."""
         self._worker: TemporalWorker | None = None
+        self._model_limits = parse_limits(model_limits)
+        self._env_limits = limits_from_env()
+        self.models_only = models_only
+        self._model_workers: list[TemporalWorker] = []
+
+    def model_queues(self) -> dict[str, ModelLimit]:
+        """The provider queues of the agents this worker serves, with their limits."""
+        queues: dict[str, ModelLimit] = {}
+        for agent in self.graph.agents.values():
+            spec = self.graph.model_for(agent)
+            queue = model_queue(spec, self.task_queue)
+            limit = limit_for(spec, queue, self._model_limits, self._env_limits)
+            queues[queue] = queues[queue].over(limit) if queue in queues else limit
+        return queues
+
+    def _model_worker(self, queue: str, limit: ModelLimit, options: dict[str, Any]) -> Any:
+        """A worker polling one provider queue for model calls only."""
+        assert self._model_activities is not None
+        keep = ("interceptors", "max_heartbeat_throttle_interval", "graceful_shutdown_timeout")
+        own = {k: v for k, v in options.items() if k in keep}
+        if limit.concurrent is not None:
+            own["max_concurrent_activities"] = limit.concurrent
+        if limit.per_second is not None:
+            own["max_task_queue_activities_per_second"] = limit.per_second
+        if "deployment_config" in options:
+            own["deployment_config"] = options["deployment_config"]
+        return TemporalWorker(
+            self.client, task_queue=queue, activities=[self._model_activities.model_call], **own
+        )
+
+    @property
+    def _all_workers(self) -> list[TemporalWorker]:
+        main = [] if self._worker is None or self.models_only else [self._worker]
+        return [*main, *self._model_workers]
 
     async def _build(self) -> TemporalWorker:
         if self._worker is not None:
@@ -234,6 +279,10 @@ class Worker:
         if self._tracing or has_tracing_interceptor(client_interceptors):
             options.setdefault("workflow_runner", sandbox_runner("opentelemetry"))
         options.setdefault("workflow_runner", sandbox_runner())
+        self._model_workers = [
+            self._model_worker(queue, limit, options)
+            for queue, limit in self.model_queues().items()
+        ]
         self._worker = TemporalWorker(
             self.client,
             task_queue=self.task_queue,
@@ -276,9 +325,9 @@ class Worker:
 
     async def run(self) -> None:
         """Run until cancelled (or until :meth:`shutdown`)."""
-        worker = await self._build()
+        await self._build()
         try:
-            await worker.run()
+            await asyncio.gather(*(w.run() for w in self._all_workers))
         finally:
             await self._close()
 
@@ -289,16 +338,17 @@ class Worker:
         ``graceful_shutdown_timeout`` to finish, cancel the rest (Temporal retries them on
         another worker) and return. A second signal cancels at once. This is what keeps a
         rolling restart from stalling runs: a killed worker leaves its calls to time out."""
-        worker = await self._build()
+        await self._build()
+        workers = self._all_workers
         loop = asyncio.get_running_loop()
-        stopping: list[asyncio.Task[None]] = []
-        runner = asyncio.ensure_future(worker.run())
+        stopping: list[asyncio.Future[Any]] = []
+        runner = asyncio.ensure_future(asyncio.gather(*(w.run() for w in workers)))
 
         def handle(signum: signal.Signals) -> None:
             if on_signal is not None:
                 on_signal(signum)
             if not stopping:
-                stopping.append(asyncio.ensure_future(worker.shutdown()))
+                stopping.append(asyncio.gather(*(w.shutdown() for w in workers)))
             else:
                 runner.cancel()
 
@@ -317,8 +367,7 @@ class Worker:
             await self._close()
 
     async def shutdown(self) -> None:
-        if self._worker is not None:
-            await self._worker.shutdown()
+        await asyncio.gather(*(w.shutdown() for w in self._all_workers))
         await self._close()
 
     async def _close(self) -> None:
@@ -334,13 +383,22 @@ class Worker:
             self._tool_executor = None
 
     async def __aenter__(self) -> Worker:
-        worker = await self._build()
-        await worker.__aenter__()
+        await self._build()
+        entered: list[TemporalWorker] = []
+        try:
+            for w in self._all_workers:
+                await w.__aenter__()
+                entered.append(w)
+        except BaseException:
+            for w in reversed(entered):
+                await w.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
         assert self._worker is not None
         try:
-            await self._worker.__aexit__(*exc_info)
+            for w in reversed(self._all_workers):
+                await w.__aexit__(*exc_info)
         finally:
             await self._close()

@@ -17,11 +17,13 @@ from temporalio.exceptions import ApplicationError
 
 from relaykit._lean import DeferredCAContext
 from relaykit.messages import ModelResponse
+from relaykit.models.backpressure import ProviderGates, gate_key
+from relaykit.models.endpoints import resolve_endpoint
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.storage import scope_for
-from relaykit.streaming import DeltaPublisher
+from relaykit.streaming import DeltaPublisher, ModelProgress
 from relaykit.transcripts import (
     REQUEST_PART_MISSING,
     TRANSCRIPT_MISSING,
@@ -44,6 +46,8 @@ class ModelActivities:
         self.transcripts = transcripts or TranscriptStore()
         self._statics: dict[str, dict[str, Any]] = {}
         """Request parts by digest, parsed (a turn then skips the store and the parsing)."""
+        self.gates = ProviderGates()
+        """Per provider endpoint: calls wait while it asked this worker to slow down."""
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -115,6 +119,25 @@ class ModelActivities:
     async def model_call(self, request: ModelRequest) -> ModelResponse:
         scope = scope_for(activity.info().workflow_id)
         full = await self._full_request(request, scope)
+        try:
+            key = gate_key(resolve_endpoint(full.model))
+        except ApplicationError:  # a configuration error: call_model raises it
+            return await self._call(request, full, scope)
+        attempt = activity.info().attempt
+        done = await self.gates.wait(
+            key,
+            full.model.provider,
+            lambda why: activity.heartbeat(ModelProgress(attempt=attempt, waiting=why)),
+        )
+        try:
+            response = await self._call(request, full, scope)
+        except BaseException as exc:
+            done(exc)
+            raise
+        done(None)
+        return response
+
+    async def _call(self, request: ModelRequest, full: ModelRequest, scope: str) -> ModelResponse:
         # Heartbeats let Temporal notice a dead worker long before the call's timeout. A
         # streaming call's heartbeats also carry the text written so far, which clients watching
         # the run read from the server (relaykit.streaming); they never enter history.

@@ -70,6 +70,7 @@ async def _start_or_attach(
     run_id: str | None,
     max_turns: int,
     if_exists: IfExists,
+    **run_options: Any,
 ) -> tuple[RunHandle, WorkflowExecutionDescription | None]:
     """Start the run, or (re-issuing an existing id) attach to it, fail, or restart it, with
     Temporal's id reuse and conflict policies deciding atomically on the server. Returns the
@@ -104,6 +105,7 @@ async def _start_or_attach(
             task_queue=task_queue,
             id=run_id,
             max_turns=max_turns,
+            **run_options,
             **policies,
         )
     except WorkflowAlreadyStartedError:
@@ -137,6 +139,19 @@ async def run(
         ),
     ] = IfExists.attach,
     max_turns: Annotated[int, typer.Option(help="Stop after this many model turns")] = 50,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=5, help="1 (first) to 5 (last), default 3: for the run and all it starts"
+        ),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Tenant whose fair share of the workers the run takes (RelayTenant)"),
+    ] = None,
+    tenant_weight: Annotated[
+        float | None, typer.Option(help="The tenant's weight in that share (default 1.0)")
+    ] = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -161,6 +176,9 @@ async def run(
         run_id=run_id,
         max_turns=max_turns,
         if_exists=if_exists,
+        priority=priority,
+        tenant=tenant,
+        tenant_weight=tenant_weight,
     )
     if existing is not None:
         queue = existing.task_queue or task_queue
@@ -465,6 +483,9 @@ async def runs(
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
     roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
+    tenant: Annotated[
+        str | None, typer.Option(help="Only runs started for this tenant (RelayTenant)")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first")] = 50,
     only_stuck: Annotated[
         bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
@@ -486,7 +507,9 @@ async def runs(
         status = "open"
     client = await _client(address, namespace)
     try:
-        rows = await list_runs(client, status=status, agent=agent, roots=roots, limit=limit)
+        rows = await list_runs(
+            client, status=status, agent=agent, roots=roots, limit=limit, tenant=tenant
+        )
     except RPCError as exc:
         from relaykit.search_attributes import operator_create_args
 

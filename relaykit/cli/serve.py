@@ -69,6 +69,22 @@ async def worker(
             help="Long runs move to the deployment's current build at their next continue-as-new",
         ),
     ] = False,
+    model_limit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model-limit",
+            help="PROVIDER=CONCURRENT[,RATE/s] (repeatable), e.g. openai=8,20/s: at most 8 calls "
+            "at once on this worker, 20 a second across the cluster (default: "
+            "RELAYKIT_MODEL_LIMITS)",
+        ),
+    ] = None,
+    models_only: Annotated[
+        bool,
+        typer.Option(
+            "--models-only",
+            help="Serve only the model calls of these agents (their provider queues), no runs",
+        ),
+    ] = False,
 ) -> None:
     """Run a worker serving the agents of a module (and every agent they reach).
 
@@ -79,11 +95,13 @@ async def worker(
     (up to --graceful-shutdown seconds) and exits, so a rolling restart stalls no run."""
     from relaykit.dev import run_worker
     from relaykit.loading import load_agents
+    from relaykit.models.queues import parse_limit
     from relaykit.versioning import deployment_config
 
     for one in target:  # a bad module fails before anything connects
         load_agents(one)
     deployment_config(deployment, build_id)  # so does a bad deployment name
+    limits = dict(parse_limit(entry) for entry in model_limit or ())  # and a bad limit
     client = await _client(address, namespace)
     await run_worker(
         target,
@@ -93,6 +111,8 @@ async def worker(
         deployment=deployment,
         build_id=build_id,
         upgrade_on_continue_as_new=upgrade_on_continue_as_new,
+        model_limits=limits or None,
+        models_only=models_only,
         **worker_options(
             tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown
         ),

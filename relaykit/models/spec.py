@@ -70,6 +70,15 @@ class ModelSpec(CompactModel):
     context_window: int | None = None
     """The model's context window in tokens, when known. Agents without a ``context_policy``
     get a default one for small windows (:func:`relaykit.context_policy.default_context_policy`)."""
+    task_queue: str | None = None
+    """The task queue this model's calls run on (default ``<run queue>.model.<provider>``; see
+    :mod:`relaykit.models.queues`). Models sharing a queue share its limits."""
+    concurrent: int | None = Field(None, ge=1)
+    """At most this many calls at once per worker on the model's queue (unless the worker or
+    ``RELAYKIT_MODEL_LIMITS`` says otherwise)."""
+    per_second: float | None = Field(None, gt=0)
+    """At most this many calls a second on the model's queue across the cluster (enforced by
+    the Temporal server; unless the worker or ``RELAYKIT_MODEL_LIMITS`` says otherwise)."""
 
     @property
     def label(self) -> str:

@@ -194,6 +194,8 @@ class ScriptedRequest:
     headers: dict[str, str]
     index: int
     """0-based position among the requests for this model."""
+    at: float = 0.0
+    """When it arrived (``time.monotonic()``)."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -337,6 +339,8 @@ class ScriptedModelServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
+        self._in_flight: dict[str, int] = {}
+        self._peak_in_flight: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -417,6 +421,21 @@ class ScriptedModelServer:
         with self._cond:
             return len(self._requests) if model is None else self._counts.get(model, 0)
 
+    def peak_in_flight(self, model: str) -> int:
+        """The most requests for ``model`` the server was answering at one time (a request is
+        in flight from its arrival until its answer is written)."""
+        with self._cond:
+            return self._peak_in_flight.get(model, 0)
+
+    def _enter(self, model: str) -> None:
+        with self._cond:
+            n = self._in_flight[model] = self._in_flight.get(model, 0) + 1
+            self._peak_in_flight[model] = max(self._peak_in_flight.get(model, 0), n)
+
+    def _leave(self, model: str) -> None:
+        with self._cond:
+            self._in_flight[model] -= 1
+
     def wait_for_requests(self, model: str, n: int, timeout: float = 10.0) -> list[ScriptedRequest]:
         """Block until ``n`` requests for ``model`` arrived, so a test can act (kill a worker,
         set a hold event) at a known point of a run."""
@@ -440,7 +459,7 @@ class ScriptedModelServer:
         with self._cond:
             index = self._counts.get(model, 0)
             self._counts[model] = index + 1
-            req = ScriptedRequest(api, model, body, headers, index)
+            req = ScriptedRequest(api, model, body, headers, index, time.monotonic())
             self._requests.append(req)
             self._cond.notify_all()
             queue = self._steps.get(model)
@@ -532,6 +551,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
+        model = str(body.get("model", ""))
+        owner._enter(model)
+        try:
+            self._answer(owner, api, body, headers)
+        finally:
+            owner._leave(model)
+
+    def _answer(
+        self, owner: ScriptedModelServer, api: Api, body: dict[str, Any], headers: dict[str, str]
+    ) -> None:
         req, step = owner._record_and_pick(api, body, headers)
         if not owner._wait(step) or step.kind == "disconnect":
             self.close_connection = True

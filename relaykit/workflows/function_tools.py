@@ -17,6 +17,7 @@ from relaykit.messages import ToolCall, ToolSpec
 from relaykit.tools import Tool, ToolInvocation, ToolOutcome, summarize_call
 from relaykit.workflows import tool_outcome
 from relaykit.workflows.approvals import Approvals
+from relaykit.workflows.run_priority import run_priority
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult
 
@@ -75,6 +76,7 @@ class FunctionTool(ToolKind):
                 retry_policy=entry.retry,
                 task_queue=entry.task_queue,
                 summary=tool_outcome.summary(summarize_call(entry.name, call.arguments), request),
+                **run_priority(),  # the run's, as Temporal gives it anyway: visible in history
             )
             return outcome
 

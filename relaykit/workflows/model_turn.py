@@ -29,11 +29,13 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 from relaykit import errors
 from relaykit.agent import Agent, RunContext
 from relaykit.messages import ModelResponse
+from relaykit.models.queues import model_queue
 from relaykit.models.spec import ModelRequest, ModelSettings
 from relaykit.output import OutputType
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows.loop_guard import withhold_tools
+from relaykit.workflows.run_priority import run_priority
 from relaykit.workflows.run_state import Run
 from relaykit.workflows.subagent_tasks import SubagentTasks
 from relaykit.workflows.tool_path import ToolPath
@@ -144,6 +146,9 @@ class ModelCalls:
         spec = request.model
         what = f"{SUMMARY_LABEL} {run.state.turn}" if summary else f"turn {run.state.turn}"
         self._summary_in_flight = summary
+        options: dict[str, Any] = run_priority()  # the run's: visible in history
+        if run.setup_flag("provider_queues"):  # the provider's queue, where its limits hold
+            options["task_queue"] = model_queue(spec, workflow.info().task_queue)
         # Started as a handle (the same command as execute_activity) so that a steer can cancel
         # it; TRY_CANCEL, the default, means the run does not wait for the cancel to land.
         self._in_flight = workflow.start_activity(
@@ -154,6 +159,7 @@ class ModelCalls:
             heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
             retry_policy=MODEL_RETRY,
             summary=f"{agent.name} · {what} · {spec.label}",
+            **options,
         )
         try:
             response: ModelResponse = await self._in_flight

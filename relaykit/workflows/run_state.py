@@ -43,6 +43,9 @@ from relaykit.workflows.semantics import (
 # consulted when the change applies (a marker lands in history only then).
 PATCH_RUN_SETUP = "relaykit.run-setup"
 PATCH_RUN_SETUP_V2 = "relaykit.run-setup.v2"
+PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
+"""Model calls on provider queues: written right after :data:`PATCH_RUN_SETUP_V2` by new runs
+(runs recorded with v2 before it have no such marker and keep their queue)."""
 """A run that makes every choice of :data:`NEW_RUN_CHOICES` as new runs do, recorded by this
 one marker instead of a marker each (each also upserts ``TemporalChangeVersion``, and a dozen
 filled the first screen of the Temporal UI's compact view). A later change of what new runs
@@ -195,6 +198,7 @@ class Run:
         event_groups = _recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
         if current:
             choices = dict.fromkeys(NEW_RUN_CHOICES, True)
+            choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
         else:  # recorded before v2: a marker each, in this order
             choices = {
                 **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
