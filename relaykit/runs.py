@@ -22,6 +22,7 @@ RunStatus = Literal["running", "waiting_approval", "paused", "completed", "faile
 
 EventKind = Literal[
     "run_started",
+    "model_call",
     "message",
     "tool_call",
     "tool_result",

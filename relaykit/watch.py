@@ -28,6 +28,7 @@ from rich.text import Text
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
 from relaykit.client import RunHandle
+from relaykit.pricing import cost_text, format_usd
 from relaykit.runs import AGENT_RUN_WORKFLOW
 from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
 from relaykit.streaming import StreamEvent
@@ -54,6 +55,13 @@ def describe(item: StreamEvent) -> str:
         return f"started: {_short(data.get('input', ''))}"
     if kind == "message":
         return _short(data.get("text", ""), 200)
+    if kind == "model_call":
+        cost = data.get("cost")
+        price = "cost unknown" if cost is None else format_usd(float(cost))
+        return (
+            f"{data.get('model')}: {data.get('input_tokens')} in / {data.get('output_tokens')} "
+            f"out tokens · {price}"
+        )
     if kind == "tool_call":
         return "→ " + summarize_call(str(data.get("name")), str(data.get("arguments", "")), 100)
     if kind == "tool_result":
@@ -137,6 +145,7 @@ class WatchState:
     turn: int = 0
     tokens: int | None = None
     requests: int | None = None
+    cost: str | None = None
     started: datetime | None = None
     tools: dict[str, ToolRow] = field(default_factory=dict)
     approvals: dict[str, str] = field(default_factory=dict)
@@ -227,6 +236,8 @@ class WatchState:
             (str(self.turn), "bold"),
             ("  ·  tokens ", "dim"),
             (tokens, "bold"),
+            ("  ·  cost ", "dim"),
+            (self.cost or "?", "bold"),
             ("  ·  ", "dim"),
             (f"{elapsed:.0f}s" if elapsed is not None else "", ""),
         )
@@ -287,6 +298,7 @@ async def _refresh_usage(handle: RunHandle, state: WatchState) -> None:
         return
     state.tokens = snapshot.usage.total_tokens
     state.requests = snapshot.usage.requests
+    state.cost = cost_text(snapshot.usage)
     if state.status not in ("completed", "failed"):
         state.status = snapshot.status
 

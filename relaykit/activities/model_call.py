@@ -19,6 +19,7 @@ from relaykit._lean import DeferredCAContext
 from relaykit.messages import ModelResponse
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
+from relaykit.pricing import priced
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.storage import scope_for
 from relaykit.streaming import DeltaPublisher
@@ -128,6 +129,8 @@ class ModelActivities:
                 )
             finally:
                 publisher.close()
+        # Priced here, once: the cost is recorded with the call, so a replay never prices again.
+        response.usage, response.price_source = priced(response.usage, full.model)
         response.static_ref = full.static_ref  # what this call stored or found, for the workflow
         response.routes = routes_called(full, response)
         response.output_checked = full.output is not None

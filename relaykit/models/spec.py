@@ -47,6 +47,25 @@ class ModelSettings(CompactModel):
     """Provider-specific fields merged into the request body as they are."""
 
 
+class Price(CompactModel):
+    """What a model costs, in USD per million tokens: for self-hosted or contracted prices,
+    or models the bundled price table does not know (``ModelSpec(price=...)``).
+    ``cached_input`` (input read from the provider's prompt cache) defaults to ``input``."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached_input: float | None = Field(None, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
+        cached = min(cached_input_tokens, input_tokens)
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        return (
+            (input_tokens - cached) * self.input
+            + cached * cached_price
+            + output_tokens * self.output
+        ) / 1_000_000
+
+
 class ModelSpec(CompactModel):
     """A model and how to reach it.
 
@@ -70,6 +89,8 @@ class ModelSpec(CompactModel):
     context_window: int | None = None
     """The model's context window in tokens, when known. Agents without a ``context_policy``
     get a default one for small windows (:func:`relaykit.context_policy.default_context_policy`)."""
+    price: Price | None = None
+    """The model's price, overriding the bundled price table (:mod:`relaykit.pricing`)."""
 
     @property
     def label(self) -> str:

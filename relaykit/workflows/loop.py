@@ -249,7 +249,8 @@ class TurnLoop:
             messages=[long_runs.summary_prompt(messages)],
         )
         response = await self.model_calls.execute(self.run_state, request, agent, summary=True)
-        self.run_state.add_usage(response.usage)
+        self.run_state.add_call_usage(agent.name, request.model.label, response)
+        self.run_state.check_budget()
         return response.message.content
 
     # --- 2. the model call ----------------------------------------------------------------------
@@ -280,7 +281,7 @@ class TurnLoop:
                     # This worker cannot see the stored prefix: start a new chain, sending it all.
                     run.transport.forget(self.state)
         run.transport.after_store(self.state, response)
-        run.add_usage(response.usage, check=False)
+        run.add_call_usage(agent.name, request.model.label, response)
         self._last_input_tokens = response.usage.input_tokens
         return response
 

@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from relaykit import errors
 from relaykit.agent import Agent, Budget
 from relaykit.graph import AgentGraph
-from relaykit.messages import Message, ToolCall, Usage
+from relaykit.messages import Message, ModelResponse, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
 from relaykit.workflows.context import ContextTransport
@@ -275,6 +275,16 @@ class Run:
         self.state.usage = self.state.usage + usage
         if check:
             self.check_budget()
+
+    def add_call_usage(self, agent: str, model: str, response: ModelResponse) -> None:
+        """Count one model call of this run (priced by the model activity) and say its cost."""
+        usage = response.usage.by(agent)
+        priced = response.price_source is not None
+        data = {"model": model, "input_tokens": usage.input_tokens}
+        data |= {"cached_input_tokens": usage.cached_input_tokens}
+        data |= {"output_tokens": usage.output_tokens, "price_source": response.price_source}
+        self.emit("model_call", {**data, "cost": usage.cost_usd if priced else None}, agent=agent)
+        self.add_usage(usage, check=False)
 
     def check_budget(self) -> None:
         budget = self.input.budget
