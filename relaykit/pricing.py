@@ -68,7 +68,7 @@ def _dollars(value: Any, *, worst: bool) -> float | None:
     return float(value.base)
 
 
-def price_of(spec: ModelSpec) -> tuple[Price | None, str | None]:
+def price_of(spec: ModelSpec, *, at: datetime | None = None) -> tuple[Price | None, str | None]:
     """The price a run plans with for ``spec`` and where it comes from; ``(None, None)`` when
     neither an override nor the table knows the model. Tiered prices count at their highest
     tier, so a plan never undercounts what a call may cost."""
@@ -78,7 +78,7 @@ def price_of(spec: ModelSpec) -> tuple[Price | None, str | None]:
     if found is None:
         return None, None
     _provider, model = found
-    prices = model.get_prices(datetime.now(UTC))
+    prices = model.get_prices(at or datetime.now(UTC))
     input_price = _dollars(getattr(prices, "input_mtok", None), worst=True)
     output_price = _dollars(getattr(prices, "output_mtok", None), worst=True)
     if input_price is None or output_price is None:

@@ -30,7 +30,13 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from relaykit.client import RunHandle
 from relaykit.pricing import cost_text, format_usd
 from relaykit.runs import AGENT_RUN_WORKFLOW
-from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import (
+    RELAY_AGENT,
+    RELAY_COST_USD,
+    RELAY_PARENT_RUN,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+)
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
 from relaykit.versioning import run_build
@@ -358,6 +364,7 @@ STATUS_FILTERS: dict[str, str] = {
     "running": "RelayStatus = 'running' AND ExecutionStatus = 'Running'",
     "waiting_approval": "RelayStatus = 'waiting_approval' AND ExecutionStatus = 'Running'",
     "paused": "RelayStatus = 'paused' AND ExecutionStatus = 'Running'",
+    "budget_reached": "RelayStatus = 'budget_reached' AND ExecutionStatus = 'Running'",
     "completed": "ExecutionStatus = 'Completed'",
     "failed": "ExecutionStatus = 'Failed'",
     "cancelled": "ExecutionStatus = 'Canceled'",
@@ -370,7 +377,12 @@ def _quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def runs_query(status: str | None = None, agent: str | None = None, roots: bool = False) -> str:
+def runs_query(
+    status: str | None = None,
+    agent: str | None = None,
+    roots: bool = False,
+    query: str | None = None,
+) -> str:
     parts = [f"WorkflowType = {_quote(AGENT_RUN_WORKFLOW)}"]
     if status is not None:
         parts.append(f"({STATUS_FILTERS[status]})")
@@ -378,6 +390,8 @@ def runs_query(status: str | None = None, agent: str | None = None, roots: bool 
         parts.append(f"RelayAgent = {_quote(agent)}")
     if roots:
         parts.append("RelayParentRun IS NULL")
+    if query:
+        parts.append(f"({query})")
     return " AND ".join(parts)
 
 
@@ -393,6 +407,8 @@ class RunRow:
     """Build id of the worker deployment version serving the run's current execution."""
     stuck: str | None = None
     """Why its workflow task keeps failing (:mod:`relaykit.stuck`), when it does."""
+    cost: float | None = None
+    """USD spent (``RelayCostUSD``, or the open run's own state)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -401,6 +417,7 @@ class RunRow:
             "agent": self.agent,
             "started": self.started.isoformat() if self.started else None,
             "tokens": self.tokens,
+            "cost_usd": self.cost,
             "parent": self.parent,
             "build_id": self.build,
             "stuck": self.stuck,
@@ -427,6 +444,7 @@ def _row(execution: WorkflowExecution) -> RunRow:
         agent=attrs.get(RELAY_AGENT) or "",
         started=execution.start_time,
         tokens=attrs.get(RELAY_TOKENS),
+        cost=attrs.get(RELAY_COST_USD),
         parent=attrs.get(RELAY_PARENT_RUN) or execution.parent_id,
         build=(run_build(execution) or (None, None))[1],
     )
@@ -439,9 +457,11 @@ async def list_runs(
     agent: str | None = None,
     roots: bool = False,
     limit: int = 50,
+    query: str | None = None,
 ) -> list[RunRow]:
     rows = []
-    async for execution in client.list_workflows(runs_query(status, agent, roots), limit=limit):
+    found = client.list_workflows(runs_query(status, agent, roots, query), limit=limit)
+    async for execution in found:
         rows.append(_row(execution))
     return rows
 
@@ -464,6 +484,7 @@ def runs_table(rows: list[RunRow]) -> Table:
         ("AGENT", "left"),
         ("AGE", "right"),
         ("TOKENS", "right"),
+        ("COST", "right"),
         ("BUILD", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -476,6 +497,7 @@ def runs_table(rows: list[RunRow]) -> Table:
             escape(row.agent),
             age(row.started),
             "" if row.tokens is None else f"{row.tokens:,}",
+            "" if row.cost is None else format_usd(row.cost),
             escape(row.build or ""),
         )
     return table

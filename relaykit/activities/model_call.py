@@ -115,7 +115,7 @@ class ModelActivities:
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:
         scope = scope_for(activity.info().workflow_id)
-        full = await self._full_request(request, scope)
+        full = limited(await self._full_request(request, scope))
         # Heartbeats let Temporal notice a dead worker long before the call's timeout. A
         # streaming call's heartbeats also carry the text written so far, which clients watching
         # the run read from the server (relaykit.streaming); they never enter history.
@@ -144,6 +144,29 @@ class ModelActivities:
                 # the messages since then: more bytes, same transcript.
                 activity.logger.warning("could not store the transcript prefix", exc_info=True)
         return response
+
+
+def limited(request: ModelRequest) -> ModelRequest:
+    """The request as a run's dollar budget allows it: its output cut to ``output_cap``, and
+    no tools for the last call (these apply after the stored parts are filled in)."""
+    update: dict[str, Any] = {}
+    settings = request.settings
+    if request.output_cap is not None:
+        own = settings.max_tokens
+        cap = request.output_cap if own is None else min(own, request.output_cap)
+        settings = settings.model_copy(update={"max_tokens": cap})
+    if request.final_call:
+        update["tools"] = []
+        settings = settings.model_copy(
+            update={
+                "tool_choice": None,
+                "first_turn_tool_choice": None,
+                "parallel_tool_calls": None,
+            }
+        )
+    if settings is not request.settings:
+        update["settings"] = settings
+    return request.model_copy(update=update) if update else request
 
 
 def routes_called(request: ModelRequest, response: ModelResponse) -> dict[str, str]:

@@ -33,6 +33,7 @@ from relaykit.client import (
     task_queue_has_worker,
 )
 from relaykit.errors import RelaykitError, RunFailed
+from relaykit.pricing import cost_text
 from relaykit.runs import RunResult
 
 console = Console()
@@ -367,7 +368,7 @@ def _print_result(result: Any, as_json: bool) -> None:
     err_console.print(
         f"[dim]agent {result.final_agent} · {result.turns} turns · {result.usage.requests} "
         f"model calls · {result.usage.input_tokens} in / "
-        f"{result.usage.output_tokens} out tokens[/dim]"
+        f"{result.usage.output_tokens} out tokens · {cost_text(result.usage)}[/dim]"
     )
 
 

@@ -52,6 +52,8 @@ from relaykit.client import (
     start_run,
 )
 from relaykit.errors import RelaykitError
+from relaykit.pricing import format_usd
+from relaykit.runs import Budget
 
 
 class IfExists(StrEnum):
@@ -71,6 +73,7 @@ async def _start_or_attach(
     run_id: str | None,
     max_turns: int,
     if_exists: IfExists,
+    budget: Any = None,
 ) -> tuple[RunHandle, WorkflowExecutionDescription | None]:
     """Start the run, or (re-issuing an existing id) attach to it, fail, or restart it, with
     Temporal's id reuse and conflict policies deciding atomically on the server. Returns the
@@ -105,6 +108,7 @@ async def _start_or_attach(
             task_queue=task_queue,
             id=run_id,
             max_turns=max_turns,
+            budget=budget,
             **policies,
         )
     except WorkflowAlreadyStartedError:
@@ -138,10 +142,16 @@ async def run(
         ),
     ] = IfExists.attach,
     max_turns: Annotated[int, typer.Option(help="Stop after this many model turns")] = 50,
+    max_usd: Annotated[
+        float | None,
+        typer.Option(help="Dollar limit of the whole run tree (at it the run waits for you)"),
+    ] = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Start a run; print its id (and, with --wait, then its result)."""
+    if max_usd is not None and not max_usd >= 0:
+        raise RelaykitError(f"--max-usd must be a positive amount, not {max_usd}")
     if max_turns < 1:
         raise RelaykitError(
             f"--max-turns must be at least 1, not {max_turns}", hint="a run needs one model turn"
@@ -162,6 +172,7 @@ async def run(
         run_id=run_id,
         max_turns=max_turns,
         if_exists=if_exists,
+        budget=None if max_usd is None else Budget(max_usd=max_usd),
     )
     if existing is not None:
         queue = existing.task_queue or task_queue
@@ -253,7 +264,13 @@ async def pending(
     if as_json:
         print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
         return
-    if not approvals:
+    budget = (await handle.state()).budget
+    if budget is not None and budget.phase == "reached":  # waits for a person too
+        print(
+            f"budget reached: spent {format_usd(budget.spent)} of {format_usd(budget.limit)}; "
+            f"`relaykit budget {run_id} --raise AMOUNT`, `--finish` or `--cancel`"
+        )
+    elif not approvals:
         err_console.print("no pending approvals")
     for item in approvals:
         why = f"\t{item.reason}" if item.reason else ""  # e.g. an unknown outcome to decide on
@@ -440,8 +457,8 @@ async def runs(
     status: Annotated[
         str | None,
         typer.Option(
-            help="open, running, waiting_approval, paused, completed, failed, "
-            "cancelled, terminated or timed_out"
+            help="open, running, waiting_approval, paused, budget_reached, completed, "
+            "failed, cancelled, terminated or timed_out"
         ),
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
@@ -450,11 +467,15 @@ async def runs(
     only_stuck: Annotated[
         bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
     ] = False,
+    query: Annotated[
+        str | None,
+        typer.Option(help="A visibility filter of your own, e.g. 'RelayCostUSD > 1'"),
+    ] = None,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """List runs with their status, agent, age, tokens and build (from relaykit's search
+    """List runs with their status, agent, age, tokens, cost and build (from relaykit's search
     attributes); runs whose workflow task keeps failing are marked stuck."""
     from relaykit.stuck import find_stuck
     from relaykit.watch import STATUS_FILTERS, list_runs, runs_table
@@ -467,7 +488,9 @@ async def runs(
         status = "open"
     client = await _client(address, namespace)
     try:
-        rows = await list_runs(client, status=status, agent=agent, roots=roots, limit=limit)
+        rows = await list_runs(
+            client, status=status, agent=agent, roots=roots, limit=limit, query=query
+        )
     except RPCError as exc:
         from relaykit.search_attributes import operator_create_args
 
@@ -518,5 +541,6 @@ async def _live_tokens(client: Client, rows: list[Any]) -> None:
         except Exception:  # noqa: BLE001 - no worker, or a run closing meanwhile
             return
         row.tokens = state.usage.total_tokens
+        row.cost = state.usage.cost_usd
 
     await asyncio.gather(*(refresh(row) for row in rows if row.status in LIVE_STATES))

@@ -153,6 +153,11 @@ class ModelRequest(CompactModel):
     ``store_static`` the part is sent and stored under it; without, it is left out and the model
     worker reads it from its transcript store (a turn then does not resend tool schemas)."""
     store_static: bool = False
+    output_cap: int | None = None
+    """At most this many output tokens, whatever the settings say: what a run's dollar budget
+    leaves for the call (kept out of the settings, which may travel as a stored part)."""
+    final_call: bool = False
+    """The last call of a run at its dollar limit: sent without tools, so the model answers."""
 
     def static_part(self) -> dict[str, Any]:
         """The fields :attr:`static_ref` stands for, in JSON form."""
