@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -243,3 +244,89 @@ async def test_a_run_paused_at_its_limit_survives_a_worker_kill_and_goes_on_when
     assert result.output == "done after the raise"
     assert model_server.request_count(rig.model) == 3
     assert rig.tool_calls() == {"quick 1": 1, "quick 2": 1}
+
+
+async def test_a_person_sees_a_paused_run_in_runs_and_pending_and_raises_it_with_the_cli(
+    client: Client, temporal_server: Any, model_server: ScriptedModelServer
+) -> None:
+    from tests.test_watch import relaykit
+
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [spend(4000, call("look", topic="a")), spend(4000, call("look", topic="b")), text("x")],
+    )
+    agent = Agent(name="cli-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.006)
+        )
+        await wait_for_status(handle, "budget_reached")
+        code, out, err = await relaykit(
+            temporal_server, "runs", "--status", "budget_reached", "--json"
+        )
+        assert code == 0, err
+        (row,) = [r for r in json.loads(out) if r["run_id"] == handle.id]
+        assert row["status"] == "budget_reached" and row["cost_usd"] == pytest.approx(0.004)
+        code, out, err = await relaykit(temporal_server, "pending", handle.id)
+        assert code == 0, err
+        assert "budget reached: spent $0.0040 of $0.0060" in out
+        code, out, err = await relaykit(
+            temporal_server, "budget", handle.id, "--raise", "0.01", "--as", "ana"
+        )
+        assert code == 0, err
+        assert "of $0.0160" in out
+        assert (await handle.result()).output == "x"
+        code, out, err = await relaykit(temporal_server, "result", handle.id)
+        assert code == 0, err
+        assert "$0.0080" in err  # the run's cost, after the answer
+        query = f"RelayCostUSD > 0.0079 AND WorkflowId = '{handle.id}'"
+        code, out, err = await relaykit(temporal_server, "runs", "--query", query, "--json")
+        assert code == 0, err
+        assert [r["run_id"] for r in json.loads(out)] == [handle.id]
+        changes = [e.data for e in await handle.events() if e.kind == "budget_changed"]
+    assert changes == [
+        {"by": "ana", "limit": pytest.approx(0.016), "previous": 0.006, "finish": False}
+    ]
+
+
+async def test_continue_as_new_carries_the_spend_and_the_limit(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [
+            spend(2000, call("look", topic="a")),
+            spend(2000, call("look", topic="b")),
+            spend(2000, call("look", topic="c")),
+            text("x"),
+        ],
+    )
+    agent = Agent(name="long-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.006, on_limit="fail"),
+            continue_as_new_after_turns=1,
+        )
+        with pytest.raises(RunFailed) as failure:
+            await handle.result()
+    # each turn ran in a workflow run of its own; the limit still counted all of them
+    assert failure.value.type == "BudgetExceeded"
+    assert len(model_server.requests(model.name)) == 2
+
+
+async def test_the_budgeted_research_example_pauses_is_raised_and_finishes(
+    temporal_server: Any, capsys: Any
+) -> None:
+    from examples.budgeted_research import play
+
+    answer = await asyncio.wait_for(play(temporal_server.address), 90)
+    assert answer.startswith("Comparison:")
+    shown = capsys.readouterr().out
+    assert "budget_reached, spent $0.0" in shown and "of $0.0500" in shown
+    assert "raised to $0.1500" in shown

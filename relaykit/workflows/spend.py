@@ -213,7 +213,13 @@ class Spend:
         previous = run.state.status
         run.set_status("budget_reached")
         run.emit("budget_reached", {**data, "then": "pause"})
-        await workflow.wait_condition(lambda: s.phase != "reached")
+        held = sum(s.reserved.values())
+        # A person changes the limit, or a child ends and returns what it held: check again.
+        await workflow.wait_condition(
+            lambda: s.phase != "reached" or sum(s.reserved.values()) < held
+        )
+        if s.phase == "reached":
+            s.phase = "spending"
         run.set_status(previous if previous != "budget_reached" else "running")
 
     def _fail(self, request: ModelRequest) -> NoReturn:
