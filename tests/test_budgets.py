@@ -268,6 +268,11 @@ async def test_a_person_sees_a_paused_run_in_runs_and_pending_and_raises_it_with
         assert code == 0, err
         (row,) = [r for r in json.loads(out) if r["run_id"] == handle.id]
         assert row["status"] == "budget_reached" and row["cost_usd"] == pytest.approx(0.004)
+        from relaykit.inbox.pending import list_pending
+
+        inbox = await list_pending(client)
+        (wait,) = [w for w in inbox.budgets if w.run_id == handle.id]
+        assert (wait.spent, wait.limit) == (0.004, 0.006)
         code, out, err = await relaykit(temporal_server, "pending", handle.id)
         assert code == 0, err
         assert "budget reached: spent $0.0040 of $0.0060" in out
@@ -330,3 +335,41 @@ async def test_the_budgeted_research_example_pauses_is_raised_and_finishes(
     shown = capsys.readouterr().out
     assert "budget_reached, spent $0.0" in shown and "of $0.0500" in shown
     assert "raised to $0.1500" in shown
+
+
+async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_todays_are(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Replayed under a price a hundred times higher, the run would decide to wait at its limit
+    # before its second call; it replays as it ran because the prices it planned with are in
+    # its history.
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from relaykit import registry
+    from relaykit.graph import AgentGraph
+    from relaykit.worker import sandbox_runner
+    from relaykit.workflows.agent_run import AgentRun
+
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(2000, call("look", topic="a")), text("done")])
+    agent = Agent(name="replayed-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.05)
+        )
+        assert (await handle.result()).output == "done"
+        history = await handle.workflow.fetch_history()
+    dearer = model.model_copy(update={"price": Price(input=100.0, output=100.0)})
+    graph = AgentGraph.build([Agent(name=agent.name, model=dearer, tools=[look])])
+    registry.register("replay-budget-check", graph)
+    try:
+        replayer = Replayer(
+            workflows=[AgentRun],
+            data_converter=pydantic_data_converter,
+            workflow_runner=sandbox_runner(),
+            build_id="budget-check",
+        )
+        await replayer.replay_workflow(history)
+    finally:
+        registry.unregister("replay-budget-check", graph)
