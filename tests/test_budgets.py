@@ -11,7 +11,17 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from relaykit import Agent, Budget, ModelSettings, Price, RunFailed, Subagents, start_run, tool
+from relaykit import (
+    Agent,
+    Budget,
+    ModelSettings,
+    Price,
+    RunFailed,
+    Subagents,
+    get_run,
+    start_run,
+    tool,
+)
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from tests.support import scripted_model, serving
 
@@ -258,9 +268,19 @@ async def test_a_person_sees_a_paused_run_in_runs_and_pending_and_raises_it_with
     )
     agent = Agent(name="cli-budget", model=model, tools=[look], model_settings=SMALL)
     async with serving(client, agent) as worker:
-        handle = await start_run(
-            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.006)
+        code, out, err = await relaykit(
+            temporal_server,
+            "run",
+            "cli-budget",
+            "go",
+            "--max-usd",
+            "0.006",
+            "--task-queue",
+            worker.task_queue,
+            "--json",
         )
+        assert code == 0, err
+        handle = get_run(client, json.loads(out)["run_id"])
         await wait_for_status(handle, "budget_reached")
         code, out, err = await relaykit(
             temporal_server, "runs", "--status", "budget_reached", "--json"
