@@ -12,9 +12,10 @@ a person looks and raises the limit, and the run goes on where it stopped::
     relaykit budget RUN_ID --raise 0.10             # it goes on where it stopped
     relaykit result RUN_ID                          # the answer, and what it cost
 
-``python -m examples.budgeted_research`` plays it all offline: a scripted model server whose
-calls are priced (:data:`PRICE`, so each costs what its tokens say), a worker, the run, the
-pause, the raise and the answer, printing what a person would see. A real model is priced from
+``python -m examples.budgeted_research`` plays it all without a model provider, on the Temporal
+server of ``TEMPORAL_ADDRESS`` (e.g. ``temporal server start-dev``): a scripted model server
+whose calls are priced (:data:`PRICE`, so each costs what its tokens say), a worker, the run,
+the pause, the raise and the answer, printing what a person would see. A real model is priced from
 the bundled price table instead (docs/budgets.md).
 """
 
@@ -101,7 +102,7 @@ def _lead(request: ScriptedRequest) -> Step:
 
 
 async def play(address: str | None = None) -> str:
-    """The whole story offline, as a person would see it; returns the answer."""
+    """The whole story without a model provider, as a person would see it; returns the answer."""
     from relaykit import Worker, start_run
     from relaykit.client import connect
     from relaykit.pricing import format_usd
