@@ -23,7 +23,7 @@ from relaykit.handoff import (
 )
 from relaykit.mcp import MCPServer
 from relaykit.messages import Message, ToolCall, Usage
-from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
+from relaykit.models.spec import ModelSettings, ModelSpec, Price, parse_model
 from relaykit.payload_storage import StoreDriver, with_external_storage
 from relaykit.runs import (
     ApprovalDecision,
@@ -132,6 +132,7 @@ __all__ = [
     "OnUnknown",
     "PayloadDecodeError",
     "PendingApproval",
+    "Price",
     "RelaykitError",
     "RunContext",
     "RunEvent",

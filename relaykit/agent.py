@@ -101,6 +101,9 @@ class Agent:
     before the run fails with ``OutputValidationFailed`` (lovia's default: one; ``0`` fails at
     the first invalid answer). A run may override it for every agent it reaches
     (``start_run(..., output_retries=N)``)."""
+    budget: Budget | None = None
+    """The budget of runs that start with this agent and are given none (``start_run(...,
+    budget=...)`` wins), e.g. ``Budget(max_usd=0.50)`` (docs/budgets.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():

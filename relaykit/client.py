@@ -26,6 +26,8 @@ from relaykit.payload_storage import with_external_storage
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
+    BudgetChange,
+    BudgetView,
     PendingApproval,
     RunEvent,
     RunInput,
@@ -193,6 +195,23 @@ class RunHandle:
         cancelled: bool = await self.workflow.execute_update("steer", text, result_type=bool)
         return cancelled
 
+    async def set_budget(
+        self,
+        max_usd: float | None = None,
+        *,
+        raise_by: float | None = None,
+        finish: bool = False,
+        by: str | None = None,
+    ) -> BudgetView:
+        """Set (``max_usd``) or raise (``raise_by``) the run's dollar limit, or ``finish``: one
+        last call without tools for the best answer so far. A run waiting at its limit goes on
+        where it stopped. ``by`` (default: this machine's user) is recorded with the change."""
+        change = BudgetChange(max_usd=max_usd, raise_by=raise_by, finish=finish, by=by or _user())
+        view: BudgetView = await self.workflow.execute_update(
+            "set_budget", change, result_type=BudgetView
+        )
+        return view
+
     async def pause(self) -> None:
         await self.workflow.signal("pause")
 
@@ -201,6 +220,15 @@ class RunHandle:
 
     async def cancel(self) -> None:
         await self.workflow.cancel()
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in this environment
+        return "unknown"
 
 
 def new_run_id(agent_name: str) -> str:

@@ -34,6 +34,8 @@ class RunFailed(RelaykitError):
 # Error type names used in ApplicationError.type (stable: clients match on them).
 MAX_TURNS_EXCEEDED = "MaxTurnsExceeded"
 BUDGET_EXCEEDED = "BudgetExceeded"
+UNPRICED_MODEL = "UnpricedModel"
+"""A run with a dollar limit reaches a model without a known price (docs/budgets.md)."""
 OUTPUT_VALIDATION_FAILED = "OutputValidationFailed"
 MODEL_CALL_FAILED = "ModelCallFailed"
 MODEL_HTTP_ERROR = "ModelHTTPError"

@@ -52,6 +52,9 @@ class AgentGraph:
     """Whether runs upsert relaykit's search attributes (set by the worker when the namespace
     has them registered; upserting an unregistered one would fail every workflow task). Only
     the runs this worker starts follow it: a run records the choice (``RunState.setup``)."""
+    cost_attribute: bool = False
+    """Whether runs with search attributes also upsert ``RelayCostUSD`` (set by the worker when
+    the namespace has it; recorded by each run like the others)."""
     upgrade_on_continue_as_new: bool = False
     """A versioned worker's choice: a run that continues as new starts its next execution on the
     deployment's current build instead of staying pinned (set by the worker). It only shapes

@@ -103,22 +103,58 @@ class Message(CompactModel):
 
 
 class Usage(CompactModel):
-    """Tokens and requests spent. Added up across turns, handoffs and child runs."""
+    """Tokens, requests and dollars spent. Added up across turns, handoffs and child runs.
+
+    ``cost_usd`` is the cost of the requests whose price was known (each priced by the model
+    activity when it ran, see :mod:`relaykit.pricing`); ``unpriced_requests`` counts the others,
+    so a total that leaves some calls out says so. ``by_agent`` and ``by_model`` break the cost
+    down; a parent's usage holds its children's, so the root's covers the whole tree."""
 
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    """Of ``input_tokens``, those the provider read from its prompt cache (priced lower)."""
+    cost_usd: float = 0.0
+    unpriced_requests: int = 0
+    by_agent: dict[str, float] = Field(default_factory=dict)
+    by_model: dict[str, float] = Field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def cost_known(self) -> bool:
+        """Whether every request counted here had a price."""
+        return self.unpriced_requests == 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             requests=self.requests + other.requests,
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+            unpriced_requests=self.unpriced_requests + other.unpriced_requests,
+            by_agent=_merged(self.by_agent, other.by_agent),
+            by_model=_merged(self.by_model, other.by_model),
         )
+
+    def by(self, agent: str) -> Usage:
+        """This usage (one model call's) attributed to ``agent`` in the breakdown."""
+        if not self.cost_usd and not self.requests:
+            return self
+        return self.model_copy(update={"by_agent": _merged(self.by_agent, {agent: self.cost_usd})})
+
+
+def _merged(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    if not b:
+        return a
+    merged = dict(a)
+    for key, value in b.items():
+        merged[key] = merged.get(key, 0.0) + value
+    return merged
 
 
 class ToolSpec(CompactModel):
@@ -158,6 +194,9 @@ class ModelResponse(CompactModel):
     the call: a final answer of a response that did not is accepted as it is, on replay too,
     whatever output type today's code gives the agent (relaykit.workflows.final_answer).
     ``None``: a worker from before recorded it."""
+    price_source: str | None = None
+    """Where the price of this call came from (``"genai-prices 0.2.3"``, ``"override"``), or
+    ``None`` when it had none: recorded with the call, so a replay never prices it again."""
     static_ref: str | None = None
     """Digest of the request's unchanging part that the model worker stored or found for this
     call. The workflow learns what is stored from this recorded value, never by re-deriving it:

@@ -18,10 +18,13 @@ from pydantic import BaseModel, Field
 
 from relaykit.messages import Message, Usage
 
-RunStatus = Literal["running", "waiting_approval", "paused", "completed", "failed", "cancelled"]
+RunStatus = Literal[
+    "running", "waiting_approval", "paused", "budget_reached", "completed", "failed", "cancelled"
+]
 
 EventKind = Literal[
     "run_started",
+    "model_call",
     "message",
     "tool_call",
     "tool_result",
@@ -33,6 +36,8 @@ EventKind = Literal[
     "steered",
     "paused",
     "resumed",
+    "budget_reached",
+    "budget_changed",
     "subagent_started",
     "subagent_finished",
     "report_delivered",
@@ -49,12 +54,29 @@ MODEL_ACTIVITY = "relaykit.model_call"
 """Activity type of every model call (compatibility data)."""
 
 
+OnLimit = Literal["pause", "finish", "fail"]
+
+
 class Budget(BaseModel):
     """Limits on what a run may spend. ``None`` means no limit. A child run's usage counts
-    towards its parent's budget, so the root budget caps the whole tree."""
+    towards its parent's budget, so the root budget caps the whole tree.
+
+    ``max_usd`` limits the dollars of the whole tree (docs/budgets.md): each model call's worst
+    case must fit what remains, and a child (agent tool, subagent) is given ``child_share`` of
+    what remains (default: an equal part among the children that may run at once and the
+    parent), returned when it ends. At the limit, ``on_limit``: ``"pause"`` waits for a person
+    (``relaykit budget``), ``"finish"`` makes one last call without tools for the best answer
+    so far, paid from ``finish_reserve`` (a fraction of the limit kept for it), ``"fail"`` ends
+    the run with ``BudgetExceeded``. A model without a known price makes such a run refuse to
+    start, unless ``unpriced="free"`` counts its calls as free."""
 
     max_total_tokens: int | None = None
     max_requests: int | None = None
+    max_usd: float | None = Field(None, ge=0)
+    child_share: float | None = Field(None, gt=0, le=1)
+    on_limit: OnLimit = "pause"
+    finish_reserve: float = Field(0.1, ge=0, lt=1)
+    unpriced: Literal["refuse", "free"] = "refuse"
 
 
 class RunEvent(BaseModel):
@@ -205,6 +227,55 @@ class RunSetup(BaseModel):
     provider_queues: bool = False
     """Model calls run on their provider's task queue (:mod:`relaykit.models.queues`), not on
     the run's; ``False`` for runs started before, which keep theirs."""
+    # Since ``relaykit.run-setup.v3`` (which implies v2's choices).
+    dollar_budgets: bool = False
+    """A ``Budget(max_usd=...)`` is kept: prices recorded at the start, each call's worst case
+    checked, children given reservations (``relaykit.workflows.spend``); ``False`` for runs
+    started before, which count tokens and requests only."""
+    cost_attribute: bool = False
+    """Whether the run upserts ``RelayCostUSD`` with the other search attributes."""
+
+
+class SpendState(BaseModel):
+    """A run's dollar budget as it stands (``relaykit.workflows.spend``), carried across
+    continue-as-new. Spend itself is ``RunState.usage.cost_usd``."""
+
+    limit: float
+    """What the run may spend, in USD (raised by a person with ``set_budget``)."""
+    finish_reserve: float = 0.0
+    """Kept back from ordinary calls for the last call that asks for the best answer so far."""
+    prices: dict[str, list[float]] = Field(default_factory=dict)
+    """Per model label: USD per million (input, cached input, output) tokens, as the run
+    recorded them when it started (a newer price table never changes its plan)."""
+    reserved: dict[str, float] = Field(default_factory=dict)
+    """Per running child (workflow id): what it was given; returned when it ends."""
+    known_input: int = 0
+    """Input plus output tokens of the run's last call: the stored prefix the next call sends."""
+    phase: Literal["spending", "reached", "finishing", "finished"] = "spending"
+    """``reached``: the run waits at its limit (``budget_reached``) for a person; ``finishing``:
+    its next call is its last, without tools, paid from the reserve; ``finished``: it was made."""
+    changes: list[dict[str, Any]] = Field(default_factory=list)
+    """Who changed the limit, when, and to what (the ``set_budget`` updates)."""
+
+
+class BudgetChange(BaseModel):
+    """The argument of the ``set_budget`` update (compatibility data): a new dollar limit
+    (``max_usd``) or a raise of it (``raise_by``), or ``finish`` (one last call for the best
+    answer so far), and who asked (recorded in the run's history and events)."""
+
+    max_usd: float | None = Field(None, ge=0)
+    raise_by: float | None = Field(None, gt=0)
+    finish: bool = False
+    by: str = Field("", max_length=200)
+
+
+class BudgetView(BaseModel):
+    """A run's dollar budget as a person sees it (the ``set_budget`` update's answer)."""
+
+    limit: float
+    spent: float
+    reserved: float = 0.0
+    phase: str = "spending"
 
 
 class RepeatedCall(BaseModel):
@@ -270,6 +341,8 @@ class RunState(BaseModel):
     """Recorded at the first workflow task (see :class:`RunSetup`)."""
     repeats: RepeatGuardState = Field(default_factory=RepeatGuardState)
     """The loop guard's memory of identical tool calls."""
+    spend: SpendState | None = None
+    """The dollar budget, in runs that have one (``Budget.max_usd``)."""
 
 
 class ForkOrigin(BaseModel):
@@ -356,3 +429,5 @@ class RunSnapshot(BaseModel):
     pending_approvals: list[PendingApproval] = Field(default_factory=list)
     paused: bool = False
     mailbox: int = 0
+    budget: BudgetView | None = None
+    """The dollar budget, in runs that have one."""

@@ -15,7 +15,8 @@ enabled runs:
       temporal operator search-attribute create --namespace default \\
           --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
           --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
-          --name RelayForkOf --type Keyword --name RelayTenant --type Keyword
+          --name RelayForkOf --type Keyword --name RelayTenant --type Keyword \\
+          --name RelayCostUSD --type Double
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -42,14 +43,19 @@ RELAY_AGENT: Final = SearchAttributeKey.for_keyword("RelayAgent")
 """The agent currently holding the run (changes on every handoff)."""
 
 RELAY_STATUS: Final = SearchAttributeKey.for_keyword("RelayStatus")
-"""The run's status: ``running``, ``waiting_approval``, ``paused``, ``completed``, ``failed``
-or ``cancelled`` (the values of :data:`relaykit.runs.RunStatus`)."""
+"""The run's status: ``running``, ``waiting_approval``, ``paused``, ``budget_reached``,
+``completed``, ``failed`` or ``cancelled`` (the values of :data:`relaykit.runs.RunStatus`)."""
 
 RELAY_TOKENS: Final = SearchAttributeKey.for_int("RelayTokens")
 """Tokens used so far (input + output, children included)."""
 
 RELAY_PARENT_RUN: Final = SearchAttributeKey.for_keyword("RelayParentRun")
 """For a child run: the workflow id of the run that started it (unset on root runs)."""
+
+RELAY_COST_USD: Final = SearchAttributeKey.for_float("RelayCostUSD")
+"""What the run has spent so far in USD (children included; calls without a price count
+nothing), e.g. ``RelayCostUSD > 1``. Written with the others, only when the namespace has it
+(namespaces registered before it existed still get the others)."""
 
 RELAY_FORK_OF: Final = SearchAttributeKey.for_keyword("RelayForkOf")
 """For a run started by :func:`relaykit.fork_run`: ``"<run id>@<turn>"`` of its origin. Set
@@ -68,7 +74,7 @@ UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
 ]
 """What runs write themselves: a worker lets runs upsert only when all of these are registered."""
 
-ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF, RELAY_TENANT]
+ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF, RELAY_TENANT, RELAY_COST_USD]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
 # The spelling that `temporal` CLI flags (--search-attribute, --type) accept.
@@ -162,6 +168,20 @@ async def ensure_registered(
             AddSearchAttributesRequest(search_attributes=missing, namespace=ns)
         )
     return list(missing)
+
+
+async def cost_registered(client: Any) -> bool:
+    """Whether the client's namespace has ``RelayCostUSD`` (added after the others: a namespace
+    registered before lacks it, and its runs then upsert the others only)."""
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    try:
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+    except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
+        return False
+    return RELAY_COST_USD.name in response.custom_attributes
 
 
 async def registered(client: Any) -> bool:

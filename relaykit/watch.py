@@ -28,8 +28,15 @@ from rich.text import Text
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
 from relaykit.client import RunHandle
+from relaykit.pricing import cost_text, format_usd
 from relaykit.runs import AGENT_RUN_WORKFLOW
-from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import (
+    RELAY_AGENT,
+    RELAY_COST_USD,
+    RELAY_PARENT_RUN,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+)
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
 from relaykit.versioning import run_build
@@ -54,6 +61,13 @@ def describe(item: StreamEvent) -> str:
         return f"started: {_short(data.get('input', ''))}"
     if kind == "message":
         return _short(data.get("text", ""), 200)
+    if kind == "model_call":
+        cost = data.get("cost")
+        price = "cost unknown" if cost is None else format_usd(float(cost))
+        return (
+            f"{data.get('model')}: {data.get('input_tokens')} in / {data.get('output_tokens')} "
+            f"out tokens · {price}"
+        )
     if kind == "tool_call":
         return "→ " + summarize_call(str(data.get("name")), str(data.get("arguments", "")), 100)
     if kind == "tool_result":
@@ -137,6 +151,7 @@ class WatchState:
     turn: int = 0
     tokens: int | None = None
     requests: int | None = None
+    cost: str | None = None
     started: datetime | None = None
     tools: dict[str, ToolRow] = field(default_factory=dict)
     approvals: dict[str, str] = field(default_factory=dict)
@@ -227,6 +242,8 @@ class WatchState:
             (str(self.turn), "bold"),
             ("  ·  tokens ", "dim"),
             (tokens, "bold"),
+            ("  ·  cost ", "dim"),
+            (self.cost or "?", "bold"),
             ("  ·  ", "dim"),
             (f"{elapsed:.0f}s" if elapsed is not None else "", ""),
         )
@@ -287,6 +304,7 @@ async def _refresh_usage(handle: RunHandle, state: WatchState) -> None:
         return
     state.tokens = snapshot.usage.total_tokens
     state.requests = snapshot.usage.requests
+    state.cost = cost_text(snapshot.usage)
     if state.status not in ("completed", "failed"):
         state.status = snapshot.status
 
@@ -346,6 +364,7 @@ STATUS_FILTERS: dict[str, str] = {
     "running": "RelayStatus = 'running' AND ExecutionStatus = 'Running'",
     "waiting_approval": "RelayStatus = 'waiting_approval' AND ExecutionStatus = 'Running'",
     "paused": "RelayStatus = 'paused' AND ExecutionStatus = 'Running'",
+    "budget_reached": "RelayStatus = 'budget_reached' AND ExecutionStatus = 'Running'",
     "completed": "ExecutionStatus = 'Completed'",
     "failed": "ExecutionStatus = 'Failed'",
     "cancelled": "ExecutionStatus = 'Canceled'",
@@ -363,6 +382,7 @@ def runs_query(
     agent: str | None = None,
     roots: bool = False,
     tenant: str | None = None,
+    query: str | None = None,
 ) -> str:
     parts = [f"WorkflowType = {_quote(AGENT_RUN_WORKFLOW)}"]
     if status is not None:
@@ -373,6 +393,8 @@ def runs_query(
         parts.append("RelayParentRun IS NULL")
     if tenant is not None:
         parts.append(f"RelayTenant = {_quote(tenant)}")
+    if query:
+        parts.append(f"({query})")
     return " AND ".join(parts)
 
 
@@ -388,6 +410,8 @@ class RunRow:
     """Build id of the worker deployment version serving the run's current execution."""
     stuck: str | None = None
     """Why its workflow task keeps failing (:mod:`relaykit.stuck`), when it does."""
+    cost: float | None = None
+    """USD spent (``RelayCostUSD``, or the open run's own state)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -396,6 +420,7 @@ class RunRow:
             "agent": self.agent,
             "started": self.started.isoformat() if self.started else None,
             "tokens": self.tokens,
+            "cost_usd": self.cost,
             "parent": self.parent,
             "build_id": self.build,
             "stuck": self.stuck,
@@ -422,6 +447,7 @@ def _row(execution: WorkflowExecution) -> RunRow:
         agent=attrs.get(RELAY_AGENT) or "",
         started=execution.start_time,
         tokens=attrs.get(RELAY_TOKENS),
+        cost=attrs.get(RELAY_COST_USD),
         parent=attrs.get(RELAY_PARENT_RUN) or execution.parent_id,
         build=(run_build(execution) or (None, None))[1],
     )
@@ -435,10 +461,11 @@ async def list_runs(
     roots: bool = False,
     limit: int = 50,
     tenant: str | None = None,
+    query: str | None = None,
 ) -> list[RunRow]:
     rows = []
-    query = runs_query(status, agent, roots, tenant)
-    async for execution in client.list_workflows(query, limit=limit):
+    found = client.list_workflows(runs_query(status, agent, roots, tenant, query), limit=limit)
+    async for execution in found:
         rows.append(_row(execution))
     return rows
 
@@ -461,6 +488,7 @@ def runs_table(rows: list[RunRow]) -> Table:
         ("AGENT", "left"),
         ("AGE", "right"),
         ("TOKENS", "right"),
+        ("COST", "right"),
         ("BUILD", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -473,6 +501,7 @@ def runs_table(rows: list[RunRow]) -> Table:
             escape(row.agent),
             age(row.started),
             "" if row.tokens is None else f"{row.tokens:,}",
+            "" if row.cost is None else format_usd(row.cost),
             escape(row.build or ""),
         )
     return table

@@ -34,7 +34,17 @@ from temporalio import activity
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
-from relaykit import Agent, Handoff, HandoffArgs, HandoffCallbackInput, ModelSpec, ToolContext, tool
+from relaykit import (
+    Agent,
+    Handoff,
+    HandoffArgs,
+    HandoffCallbackInput,
+    ModelSettings,
+    ModelSpec,
+    Price,
+    ToolContext,
+    tool,
+)
 
 MODEL_HEARTBEAT_SECONDS = 5.0
 """Long enough that a loaded machine does not time out a healthy model call (whose retry would
@@ -264,3 +274,12 @@ crash_agent = Agent(
         flaky_write,
     ],
 )
+
+crash_priced = Agent(
+    name="crash_priced",
+    instructions="Use the tools, then answer.",
+    model=MODEL.model_copy(update={"price": Price(input=1.0, output=1.0)}),
+    tools=[quick],
+    model_settings=ModelSettings(max_tokens=1000),
+)
+"""Every call of it costs its tokens in millionths of a dollar (the dollar-budget tests)."""

@@ -121,6 +121,7 @@ def test_search_attribute_commands() -> None:
         "RelayParentRun=Keyword",
         "RelayForkOf=Keyword",
         "RelayTenant=Keyword",
+        "RelayCostUSD=Double",
     ]
     args = search_attributes.operator_create_args("prod", address="temporal:7233")
     assert args[:5] == ["operator", "search-attribute", "create", "--namespace", "prod"]

@@ -104,14 +104,16 @@ async def test_child_events_reach_the_root_stream_live_in_order_with_their_run_p
     child = [i for i in items if i.workflow_id == child_id]
     assert [i.kind for i in child] == [
         "run_started",
+        "model_call",
         "tool_call",
         "tool_result",
+        "model_call",
         "message",
         "final",
     ]
     assert all(i.run_path == ["manager", "summarizer"] and i.depth == 1 for i in child)
     task = [i for i in items if i.workflow_id == task_id]
-    assert [i.kind for i in task] == ["run_started", "message", "final"]
+    assert [i.kind for i in task] == ["run_started", "model_call", "message", "final"]
     assert all(i.run_path == ["manager", "researcher"] for i in task)
 
     position = {key: n for n, key in enumerate(keys(items))}

@@ -311,8 +311,8 @@ async def test_result_can_be_read_later_by_run_id(
         again = get_run(client, handle.id)
         assert (await again.result()).output == "later"
         events = await again.events()  # a query on a closed run replays it on the worker
-    assert [e.kind for e in events] == ["run_started", "message", "final"]
-    assert [e.seq for e in events] == [0, 1, 2]
+    assert [e.kind for e in events] == ["run_started", "model_call", "message", "final"]
+    assert [e.seq for e in events] == [0, 1, 2, 3]
 
 
 async def test_dynamic_instructions_read_the_run_context(

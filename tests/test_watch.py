@@ -139,7 +139,15 @@ async def test_watch_follows_a_live_run_stops_on_ctrl_c_and_resumes_from_its_cur
     finally:
         gate.set()
     kinds = [line.split()[3] for line in first + out.splitlines()]
-    assert kinds == ["run_started", "tool_call", "tool_result", "message", "final"]
+    assert kinds == [
+        "run_started",
+        "model_call",
+        "tool_call",
+        "tool_result",
+        "model_call",
+        "message",
+        "final",
+    ]
 
 
 async def test_runs_lists_runs_with_status_agent_and_tokens_and_filters_them(

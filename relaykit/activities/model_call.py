@@ -21,6 +21,7 @@ from relaykit.models.backpressure import ProviderGates, gate_key
 from relaykit.models.endpoints import resolve_endpoint
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
+from relaykit.pricing import priced
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.storage import scope_for
 from relaykit.streaming import DeltaPublisher, ModelProgress
@@ -118,7 +119,7 @@ class ModelActivities:
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_call(self, request: ModelRequest) -> ModelResponse:
         scope = scope_for(activity.info().workflow_id)
-        full = await self._full_request(request, scope)
+        full = limited(await self._full_request(request, scope))
         try:
             key = gate_key(resolve_endpoint(full.model))
         except ApplicationError:  # a configuration error: call_model raises it
@@ -151,6 +152,8 @@ class ModelActivities:
                 )
             finally:
                 publisher.close()
+        # Priced here, once: the cost is recorded with the call, so a replay never prices again.
+        response.usage, response.price_source = priced(response.usage, full.model)
         response.static_ref = full.static_ref  # what this call stored or found, for the workflow
         response.routes = routes_called(full, response)
         response.output_checked = full.output is not None
@@ -164,6 +167,29 @@ class ModelActivities:
                 # the messages since then: more bytes, same transcript.
                 activity.logger.warning("could not store the transcript prefix", exc_info=True)
         return response
+
+
+def limited(request: ModelRequest) -> ModelRequest:
+    """The request as a run's dollar budget allows it: its output cut to ``output_cap``, and
+    no tools for the last call (these apply after the stored parts are filled in)."""
+    update: dict[str, Any] = {}
+    settings = request.settings
+    if request.output_cap is not None:
+        own = settings.max_tokens
+        cap = request.output_cap if own is None else min(own, request.output_cap)
+        settings = settings.model_copy(update={"max_tokens": cap})
+    if request.final_call:
+        update["tools"] = []
+        settings = settings.model_copy(
+            update={
+                "tool_choice": None,
+                "first_turn_tool_choice": None,
+                "parallel_tool_calls": None,
+            }
+        )
+    if settings is not request.settings:
+        update["settings"] = settings
+    return request.model_copy(update=update) if update else request
 
 
 def routes_called(request: ModelRequest, response: ModelResponse) -> dict[str, str]:

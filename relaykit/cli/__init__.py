@@ -76,6 +76,7 @@ app.command()(serve.demo)
 app.command()(operate.inbox)
 app.command()(operate.steer)
 app.command()(operate.fork)
+app.command()(operate.budget)
 app.add_typer(deploy.deployment_app, name="deployment")
 
 

@@ -31,6 +31,7 @@ from relaykit.client import (
     task_queue_has_worker,
 )
 from relaykit.errors import RelaykitError, RunFailed
+from relaykit.pricing import cost_text
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -365,7 +366,7 @@ def _print_result(result: Any, as_json: bool) -> None:
     err_console.print(
         f"[dim]agent {result.final_agent} · {result.turns} turns · {result.usage.requests} "
         f"model calls · {result.usage.input_tokens} in / "
-        f"{result.usage.output_tokens} out tokens[/dim]"
+        f"{result.usage.output_tokens} out tokens · {cost_text(result.usage)}[/dim]"
     )
 
 

@@ -1,6 +1,7 @@
 """Commands for operating runs from outside: ``relaykit inbox`` (every waiting approval of a
-namespace on one page), ``relaykit steer`` (correct a run while its model is thinking) and
-``relaykit fork`` (a new run from a turn of an existing one)."""
+namespace on one page), ``relaykit steer`` (correct a run while its model is thinking),
+``relaykit fork`` (a new run from a turn of an existing one) and ``relaykit budget`` (a run's
+dollar limit: raise it, set it, or end the run with its best answer so far)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from typing import Annotated, Any
 
 import typer
+from temporalio.client import WorkflowUpdateFailedError
 
 from relaykit.cli.common import (
     AddressOpt,
@@ -24,6 +26,8 @@ from relaykit.cli.common import (
 )
 from relaykit.cli.waiting import refuse_if_stuck, unless_stuck, wait_for_result
 from relaykit.client import DEFAULT_TASK_QUEUE
+from relaykit.errors import RelaykitError
+from relaykit.pricing import format_usd
 
 INBOX_AUTH_ENV = "RELAYKIT_INBOX_AUTH"
 
@@ -87,6 +91,68 @@ async def fork(
     description = await handle.workflow.describe()
     result = await wait_for_result(handle, description.task_queue or DEFAULT_TASK_QUEUE)
     _print_result(result, as_json)
+
+
+@command
+async def budget(
+    run_id: RunIdArg,
+    raise_by: Annotated[
+        float | None, typer.Option("--raise", help="Add this many dollars to the limit")
+    ] = None,
+    set_to: Annotated[float | None, typer.Option("--set", help="Make the limit this")] = None,
+    finish: Annotated[
+        bool, typer.Option("--finish", help="One last call without tools for the best answer")
+    ] = False,
+    cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the run")] = False,
+    by: Annotated[
+        str | None, typer.Option("--as", help="Who changes it (default: your user name)")
+    ] = None,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Show a run's dollar budget, or change it: --raise 2.50, --set 10, --finish or --cancel.
+    A run waiting at its limit (budget_reached) goes on where it stopped."""
+    import json
+
+    chosen = [
+        name
+        for name, on in (
+            ("--raise", raise_by is not None),
+            ("--set", set_to is not None),
+            ("--finish", finish),
+            ("--cancel", cancel),
+        )
+        if on
+    ]
+    if len(chosen) > 1:
+        raise RelaykitError(f"give one of {', '.join(chosen)}, not several")
+    for name, amount in (("--raise", raise_by), ("--set", set_to)):
+        if amount is not None and not amount > 0:
+            raise RelaykitError(f"{name} needs a positive amount of dollars, not {amount}")
+    _text_arg(by, "name")
+    handle, _ = await _served_handle(run_id, address, namespace, "change its budget")
+    if cancel:
+        await handle.cancel()
+        print("cancel requested: the run stops at its next step")
+        return
+    if not chosen:
+        view = (await handle.state()).budget
+        if view is None:
+            raise RelaykitError(f"run {run_id} has no dollar limit")
+    else:
+        try:
+            view = await handle.set_budget(set_to, raise_by=raise_by, finish=finish, by=by)
+        except WorkflowUpdateFailedError as exc:
+            raise RelaykitError(f"the run refused: {getattr(exc.cause, 'message', exc)}") from None
+    if as_json:
+        print(json.dumps(view.model_dump(mode="json")))
+        return
+    print(
+        f"spent {format_usd(view.spent)} of {format_usd(view.limit)}"
+        + (f" ({format_usd(view.reserved)} held by child runs)" if view.reserved else "")
+        + ("" if view.phase == "spending" else f" · {view.phase.replace('_', ' ')}")
+    )
 
 
 async def serve_inbox(*, host: str, port: int, address: str | None, namespace: str | None) -> None:

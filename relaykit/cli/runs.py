@@ -51,6 +51,8 @@ from relaykit.client import (
     start_run,
 )
 from relaykit.errors import RelaykitError
+from relaykit.pricing import format_usd
+from relaykit.runs import Budget
 
 
 class IfExists(StrEnum):
@@ -152,10 +154,16 @@ async def run(
     tenant_weight: Annotated[
         float | None, typer.Option(help="The tenant's weight in that share (default 1.0)")
     ] = None,
+    max_usd: Annotated[
+        float | None,
+        typer.Option(help="Dollar limit of the whole run tree (at it the run waits for you)"),
+    ] = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Start a run; print its id (and, with --wait, then its result)."""
+    if max_usd is not None and not max_usd >= 0:
+        raise RelaykitError(f"--max-usd must be a positive amount, not {max_usd}")
     if max_turns < 1:
         raise RelaykitError(
             f"--max-turns must be at least 1, not {max_turns}", hint="a run needs one model turn"
@@ -179,6 +187,7 @@ async def run(
         priority=priority,
         tenant=tenant,
         tenant_weight=tenant_weight,
+        budget=None if max_usd is None else Budget(max_usd=max_usd),
     )
     if existing is not None:
         queue = existing.task_queue or task_queue
@@ -284,7 +293,13 @@ async def pending(
     if as_json:
         print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
         return
-    if not approvals:
+    budget = (await handle.state()).budget
+    if budget is not None and budget.phase == "reached":  # waits for a person too
+        print(
+            f"budget reached: spent {format_usd(budget.spent)} of {format_usd(budget.limit)}; "
+            f"`relaykit budget {run_id} --raise AMOUNT`, `--finish` or `--cancel`"
+        )
+    elif not approvals:
         err_console.print("no pending approvals")
     for item in approvals:
         why = f"\t{item.reason}" if item.reason else ""  # e.g. an unknown outcome to decide on
@@ -477,8 +492,8 @@ async def runs(
     status: Annotated[
         str | None,
         typer.Option(
-            help="open, running, waiting_approval, paused, completed, failed, "
-            "cancelled, terminated or timed_out"
+            help="open, running, waiting_approval, paused, budget_reached, completed, "
+            "failed, cancelled, terminated or timed_out"
         ),
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
@@ -490,11 +505,15 @@ async def runs(
     only_stuck: Annotated[
         bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
     ] = False,
+    query: Annotated[
+        str | None,
+        typer.Option(help="A visibility filter of your own, e.g. 'RelayCostUSD > 1'"),
+    ] = None,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """List runs with their status, agent, age, tokens and build (from relaykit's search
+    """List runs with their status, agent, age, tokens, cost and build (from relaykit's search
     attributes); runs whose workflow task keeps failing are marked stuck."""
     from relaykit.stuck import find_stuck
     from relaykit.watch import STATUS_FILTERS, list_runs, runs_table
@@ -508,7 +527,13 @@ async def runs(
     client = await _client(address, namespace)
     try:
         rows = await list_runs(
-            client, status=status, agent=agent, roots=roots, limit=limit, tenant=tenant
+            client,
+            status=status,
+            agent=agent,
+            roots=roots,
+            limit=limit,
+            tenant=tenant,
+            query=query,
         )
     except RPCError as exc:
         from relaykit.search_attributes import operator_create_args
@@ -560,5 +585,6 @@ async def _live_tokens(client: Client, rows: list[Any]) -> None:
         except Exception:  # noqa: BLE001 - no worker, or a run closing meanwhile
             return
         row.tokens = state.usage.total_tokens
+        row.cost = state.usage.cost_usd
 
     await asyncio.gather(*(refresh(row) for row in rows if row.status in LIVE_STATES))

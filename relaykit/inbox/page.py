@@ -132,6 +132,17 @@ def render_inbox(
         if unreadable
         else ""
     )
+    budgets = "".join(
+        f'<li><a href="{escape(wait.ui_url)}">{escape(wait.run_id)}</a>: spent '
+        f"{'?' if wait.spent is None else f'${wait.spent:.4f}'} of "
+        f"{'?' if wait.limit is None else f'${wait.limit:.4f}'} · "
+        f"<code>relaykit budget {escape(wait.run_id)} --raise AMOUNT</code> "
+        "(or <code>--finish</code>, <code>--cancel</code>)</li>"
+        for wait in listing.budgets
+    )
+    budgets_html = (
+        f'<div class="warn">Runs at their budget:<ul>{budgets}</ul></div>' if budgets else ""
+    )
     rows = "".join(_row(item, csrf, now, query) for item in shown)
     table = (
         "<table><thead><tr><th>Run</th><th>Agent</th><th>Tool</th><th>Arguments</th>"
@@ -149,7 +160,7 @@ def render_inbox(
         f'<div class="meta">namespace {escape(namespace)} · {listing.runs} run'
         f"{'s' if listing.runs != 1 else ''} waiting · refreshed "
         f"{now.strftime('%H:%M:%S')} UTC</div>"
-        f"{notice_html}{unreadable_html}"
+        f"{notice_html}{unreadable_html}{budgets_html}"
         '<form method="get" action="./"><input type="search" name="q" '
         f'value="{escape(query)}" placeholder="filter: run, agent, tool, arguments" '
         'aria-label="filter"> <button type="submit">Filter</button></form>'

@@ -93,8 +93,19 @@ class UnreadableRun(BaseModel):
     why: str
 
 
+class BudgetWait(BaseModel):
+    """A root run waiting at its dollar limit for a person (``relaykit budget RUN ...``)."""
+
+    run_id: str
+    spent: float | None = None
+    limit: float | None = None
+    ui_url: str = ""
+
+
 class InboxListing(BaseModel):
     items: list[InboxItem] = Field(default_factory=list)
+    budgets: list[BudgetWait] = Field(default_factory=list)
+    """Runs waiting at their dollar limit (``budget_reached``)."""
     unreadable: list[UnreadableRun] = Field(default_factory=list)
     """Waiting runs whose approvals could not be read (no worker answered, another codec key)."""
     runs: int = 0
@@ -194,12 +205,33 @@ async def list_pending(
                 return []
         return [item_from(run_id, pending, client.namespace) for pending in approvals]
 
+    listing.budgets = await _budget_waits(client, limit)
     for items in await asyncio.gather(*(read(run_id) for run_id in run_ids)):
         listing.items.extend(
             item for item in items if not hidden or (item.run_id, item.call_id) not in hidden
         )
     listing.items.sort(key=lambda item: (item.requested_at or "", item.run_id, item.call_id))
     return listing
+
+
+async def _budget_waits(client: Client, limit: int) -> list[BudgetWait]:
+    """The root runs at their dollar limit, with what they spent (when their worker answers)."""
+    query = waiting_runs_query().replace("'waiting_approval'", "'budget_reached'")
+    waits = [
+        BudgetWait(run_id=execution.id, ui_url=ui_url(execution.id, client.namespace))
+        async for execution in client.list_workflows(query, limit=limit)
+    ]
+
+    async def read(wait: BudgetWait) -> None:
+        try:
+            snapshot = await asyncio.wait_for(get_run(client, wait.run_id).state(), QUERY_TIMEOUT)
+        except Exception:  # noqa: BLE001 - listed without its figures
+            return
+        if snapshot.budget is not None:
+            wait.spent, wait.limit = snapshot.budget.spent, snapshot.budget.limit
+
+    await asyncio.gather(*(read(wait) for wait in waits))
+    return waits
 
 
 DecideProblem = Literal["not_found", "conflict", "unavailable"]

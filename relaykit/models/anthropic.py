@@ -160,7 +160,12 @@ def _usage(data: Any, into: Usage | None = None) -> Usage:
         for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     ]
     if any(v is not None for v in inputs):
-        usage = usage.model_copy(update={"input_tokens": sum(int(v or 0) for v in inputs)})
+        usage = usage.model_copy(
+            update={
+                "input_tokens": sum(int(v or 0) for v in inputs),
+                "cached_input_tokens": int(data.get("cache_read_input_tokens") or 0),
+            }
+        )
     if data.get("output_tokens") is not None:
         usage = usage.model_copy(update={"output_tokens": int(data["output_tokens"])})
     return usage

@@ -348,10 +348,13 @@ def _text_of(content: Any) -> str:
 def _usage(data: Any) -> Usage:
     if not isinstance(data, dict):
         return Usage(requests=1)
+    details = data.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
         requests=1,
         input_tokens=int(data.get("prompt_tokens") or 0),
         output_tokens=int(data.get("completion_tokens") or 0),
+        cached_input_tokens=int(cached or 0),
     )
 
 

@@ -47,6 +47,25 @@ class ModelSettings(CompactModel):
     """Provider-specific fields merged into the request body as they are."""
 
 
+class Price(CompactModel):
+    """What a model costs, in USD per million tokens: for self-hosted or contracted prices,
+    or models the bundled price table does not know (``ModelSpec(price=...)``).
+    ``cached_input`` (input read from the provider's prompt cache) defaults to ``input``."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached_input: float | None = Field(None, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
+        cached = min(cached_input_tokens, input_tokens)
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        return (
+            (input_tokens - cached) * self.input
+            + cached * cached_price
+            + output_tokens * self.output
+        ) / 1_000_000
+
+
 class ModelSpec(CompactModel):
     """A model and how to reach it.
 
@@ -79,6 +98,8 @@ class ModelSpec(CompactModel):
     per_second: float | None = Field(None, gt=0)
     """At most this many calls a second on the model's queue across the cluster (enforced by
     the Temporal server; unless the worker or ``RELAYKIT_MODEL_LIMITS`` says otherwise)."""
+    price: Price | None = None
+    """The model's price, overriding the bundled price table (:mod:`relaykit.pricing`)."""
 
     @property
     def label(self) -> str:
@@ -141,6 +162,11 @@ class ModelRequest(CompactModel):
     ``store_static`` the part is sent and stored under it; without, it is left out and the model
     worker reads it from its transcript store (a turn then does not resend tool schemas)."""
     store_static: bool = False
+    output_cap: int | None = None
+    """At most this many output tokens, whatever the settings say: what a run's dollar budget
+    leaves for the call (kept out of the settings, which may travel as a stored part)."""
+    final_call: bool = False
+    """The last call of a run at its dollar limit: sent without tools, so the model answers."""
 
     def static_part(self) -> dict[str, Any]:
         """The fields :attr:`static_ref` stands for, in JSON form."""

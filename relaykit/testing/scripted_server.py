@@ -58,6 +58,10 @@ class Step:
     text: str = ""
     calls: tuple[ToolCall, ...] = ()
     usage: tuple[int, int] = DEFAULT_USAGE
+    """(input tokens, output tokens) the response reports."""
+    cached: int = 0
+    """Of the input tokens, how many the response reports as read from the prompt cache (OpenAI
+    ``prompt_tokens_details.cached_tokens``, Anthropic ``cache_read_input_tokens``)."""
     truncated: bool = False
     status: int = 200
     body: dict[str, Any] | str | None = None
@@ -74,13 +78,17 @@ def text(
     content: str,
     *,
     usage: tuple[int, int] = DEFAULT_USAGE,
+    cached: int = 0,
     truncated: bool = False,
     delay: float = 0.0,
     hold: threading.Event | None = None,
 ) -> Step:
     """A plain answer. ``truncated`` reports the output limit as the stop reason (OpenAI
-    ``length``, Anthropic ``max_tokens``)."""
-    return Step(text=content, usage=usage, truncated=truncated, delay=delay, hold=hold)
+    ``length``, Anthropic ``max_tokens``); ``cached`` of the ``usage`` input tokens come from
+    the prompt cache."""
+    return Step(
+        text=content, usage=usage, cached=cached, truncated=truncated, delay=delay, hold=hold
+    )
 
 
 def call(
@@ -94,7 +102,8 @@ def call(
     **arguments: Any,
 ) -> Step:
     """A single tool call. Tool arguments named ``id``, ``delay``, ``hold`` or ``raw_arguments``
-    collide with the options: pass those through ``raw_arguments`` as JSON text."""
+    collide with the options: pass those through ``raw_arguments`` as JSON text (and set the
+    usage with ``dataclasses.replace``)."""
     tc = ToolCall(name=name, arguments=arguments, raw_arguments=raw_arguments, id=id)
     return Step(calls=(tc,), delay=delay, hold=hold)
 
@@ -663,7 +672,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         self._start_sse()
         message = {**_anthropic_body(req, step, ids, rid), "content": [], "stop_reason": None}
-        message["usage"] = {"input_tokens": step.usage[0], "output_tokens": 1}
+        message["usage"] = {**_anthropic_usage(step), "output_tokens": 1}
         emit("message_start", {"message": message})
         emit("ping", {})
         index = 0
@@ -705,9 +714,21 @@ def _anthropic_stop(step: Step) -> str:
     return "tool_use" if step.calls else ("max_tokens" if step.truncated else "end_turn")
 
 
-def _openai_usage(step: Step) -> dict[str, int]:
+def _openai_usage(step: Step) -> dict[str, Any]:
     i, o = step.usage
-    return {"prompt_tokens": i, "completion_tokens": o, "total_tokens": i + o}
+    usage: dict[str, Any] = {"prompt_tokens": i, "completion_tokens": o, "total_tokens": i + o}
+    if step.cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": step.cached}
+    return usage
+
+
+def _anthropic_usage(step: Step) -> dict[str, int]:
+    """Anthropic reports cache reads beside the uncached input, not inside it."""
+    i, o = step.usage
+    usage = {"input_tokens": i - step.cached, "output_tokens": o}
+    if step.cached:
+        usage["cache_read_input_tokens"] = step.cached
+    return usage
 
 
 def _openai_body(req: ScriptedRequest, step: Step, ids: list[str], rid: str) -> dict[str, Any]:
@@ -754,7 +775,7 @@ def _anthropic_body(req: ScriptedRequest, step: Step, ids: list[str], rid: str) 
         "content": content,
         "stop_reason": _anthropic_stop(step),
         "stop_sequence": None,
-        "usage": {"input_tokens": step.usage[0], "output_tokens": step.usage[1]},
+        "usage": _anthropic_usage(step),
     }
 
 

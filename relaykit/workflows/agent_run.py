@@ -10,17 +10,20 @@ compatibility data for runs in flight.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
-from temporalio.common import RawValue
+from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
 from relaykit import errors, registry
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
+    BudgetChange,
+    BudgetView,
     ChildReport,
     PendingApproval,
     ReportTarget,
@@ -30,10 +33,11 @@ from relaykit.runs import (
     RunSnapshot,
     TaskStatus,
 )
-from relaykit.search_attributes import RELAY_AGENT, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import RELAY_AGENT, RELAY_COST_USD, RELAY_STATUS, RELAY_TOKENS
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
 from relaykit.workflows.loop import TurnLoop
+from relaykit.workflows.spend import Spend
 from relaykit.workflows.subagent_tasks import REPORT_SIGNAL, send_report
 
 NO_INPUT = RawValue(Payload())
@@ -117,13 +121,14 @@ class AgentRun:
         if self._loop.setup_flag("search_attributes") and (
             self._published is None or key[:2] != self._published[:2]
         ):
-            workflow.upsert_search_attributes(
-                [
-                    RELAY_AGENT.value_set(state.agent),
-                    RELAY_STATUS.value_set(state.status),
-                    RELAY_TOKENS.value_set(state.usage.total_tokens),
-                ]
-            )
+            updates: list[SearchAttributeUpdate[Any]] = [
+                RELAY_AGENT.value_set(state.agent),
+                RELAY_STATUS.value_set(state.status),
+                RELAY_TOKENS.value_set(state.usage.total_tokens),
+            ]
+            if self._loop.setup_flag("cost_attribute"):
+                updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
+            workflow.upsert_search_attributes(updates)
         self._published = key
 
     @workflow.query
@@ -137,7 +142,16 @@ class AgentRun:
             pending_approvals=list(state.pending_approvals.values()),
             paused=state.paused,
             mailbox=len(state.mailbox),
+            budget=self._budget_view(),
         )
+
+    def _budget_view(self) -> BudgetView | None:
+        spend = self._loop.state.spend
+        if spend is None:
+            return None
+        reserved = sum(spend.reserved.values())
+        cost = self._loop.state.usage.cost_usd
+        return BudgetView(limit=spend.limit, spent=cost, reserved=reserved, phase=spend.phase)
 
     @workflow.query
     def current_agent(self) -> str:
@@ -187,6 +201,31 @@ class AgentRun:
     @workflow.signal(name=CHILD_APPROVAL_DONE_SIGNAL)
     def child_approval_done(self, call_id: str) -> None:
         self._loop.approvals.on_child_approval_done(call_id)
+
+    # --- the dollar budget ------------------------------------------------------------------------
+
+    @workflow.update
+    def set_budget(self, change: BudgetChange) -> BudgetView:
+        """Raise or set the run's dollar limit (a run waiting at it goes on where it stopped),
+        or ask for its last answer; recorded in history with who asked."""
+        Spend(self._loop.run_state).change(
+            change.max_usd, change.raise_by, change.finish, change.by
+        )
+        view = self._budget_view()
+        assert view is not None
+        return view
+
+    @set_budget.validator
+    def _validate_set_budget(self, change: BudgetChange) -> None:
+        state = self._loop.state
+        if state.status in ("completed", "failed", "cancelled"):
+            raise ValueError(f"the run has {state.status}")
+        if state.spend is None:
+            raise ValueError("this run has no dollar limit (start it with Budget(max_usd=...))")
+        if change.max_usd is None and change.raise_by is None and not change.finish:
+            raise ValueError("say what to change: max_usd, raise_by or finish")
+        if change.max_usd is not None and change.raise_by is not None:
+            raise ValueError("give max_usd or raise_by, not both")
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from relaykit.runs import RunInput, RunResult
 from relaykit.tool_args import AgentToolArgs
 from relaykit.workflows.call_record import ROUTE_AGENT, route
 from relaykit.workflows.run_state import Run
+from relaykit.workflows.spend import Spend
 from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult, invalid_arguments
 
 # Patches (docs/replay.md): each marks a change in the commands a run issues, so that runs
@@ -127,17 +128,26 @@ class AgentToolKind(ToolKind):
         run, entry = self.run, self.entry
         child_id, prompt = prepared.arguments
         info = workflow.info()
+        spend = Spend(run)
         child_input = RunInput(
             agent=entry.agent.name,
             input=prompt,
             max_turns=entry.max_turns,
-            budget=run.remaining_budget(entry.budget),
+            budget=spend.child_budget(entry.budget, child_id, parts=1),
             extra_instructions=run.input.extra_instructions,
             context=run.input.context,
             run_path=run.state.run_path,
             parent_workflow_id=info.workflow_id,
             unattended=run.input.unattended,
         )
+        try:
+            return await self._child(child_input, child_id, prompt)
+        finally:  # in the same workflow step as its usage is counted (the tool path)
+            spend.release(child_id)
+
+    async def _child(self, child_input: RunInput, child_id: str, prompt: str) -> ToolResult:
+        run, entry = self.run, self.entry
+        info = workflow.info()
         try:
             result: RunResult = await workflow.execute_child_workflow(
                 run.workflow_type,

@@ -46,6 +46,7 @@ from relaykit.workflows.approvals import Approvals
 from relaykit.workflows.final_answer import FinalAnswers
 from relaykit.workflows.handoffs import filtered_history
 from relaykit.workflows.run_state import Run
+from relaykit.workflows.spend import Spend
 from relaykit.workflows.subagent_tasks import SubagentTasks
 from relaykit.workflows.tool_path import ToolPath
 
@@ -70,6 +71,7 @@ class TurnLoop:
         self.tools = ToolPath(self.run_state, self.approvals, self.tasks)
         self.answers = FinalAnswers(self.run_state, output_type)
         self.model_calls = model_turn.ModelCalls()
+        self.spend = Spend(self.run_state)
         self._turns_this_run = 0
         self._last_input_tokens = 0
 
@@ -102,6 +104,9 @@ class TurnLoop:
             run.check_serves_run()  # while replaying: the run may have begun under older code
         if self.input.state is None:
             self._start_transcript()
+            if self.input.budget is None and self.setup_flag("dollar_budgets"):
+                self.input.budget = self.current_agent.budget  # the agent's own, if any
+            await self.spend.start()  # a dollar limit: the prices it plans with
         if self.input.state is not None:
             run.emit("continued_as_new", {"run": self.state.runs})
         try:
@@ -248,8 +253,10 @@ class TurnLoop:
             system=instructions,
             messages=[long_runs.summary_prompt(messages)],
         )
+        request = await self.spend.admit(request)
         response = await self.model_calls.execute(self.run_state, request, agent, summary=True)
-        self.run_state.add_usage(response.usage)
+        self.run_state.add_call_usage(agent.name, request.model.label, response)
+        self.run_state.check_budget()
         return response.message.content
 
     # --- 2. the model call ----------------------------------------------------------------------
@@ -264,7 +271,7 @@ class TurnLoop:
         # At most two references can be missing (the static part, then the prefix); each miss
         # drops only what was missing, so a third request carries everything inline.
         for attempt in range(3):
-            request = self.build_request(agent)
+            request = await self.spend.admit(self.build_request(agent))
             try:
                 response = await self.model_calls.execute(run, request, agent)
                 break
@@ -280,7 +287,8 @@ class TurnLoop:
                     # This worker cannot see the stored prefix: start a new chain, sending it all.
                     run.transport.forget(self.state)
         run.transport.after_store(self.state, response)
-        run.add_usage(response.usage, check=False)
+        run.add_call_usage(agent.name, request.model.label, response)
+        self.spend.after_call(response.usage.input_tokens, response.usage.output_tokens)
         self._last_input_tokens = response.usage.input_tokens
         return response
 

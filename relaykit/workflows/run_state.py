@@ -26,9 +26,9 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from relaykit import errors
-from relaykit.agent import Agent, Budget
+from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
-from relaykit.messages import Message, ToolCall, Usage
+from relaykit.messages import Message, ModelResponse, ToolCall, Usage
 from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
 from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
 from relaykit.workflows.context import ContextTransport
@@ -50,6 +50,9 @@ PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
 one marker instead of a marker each (each also upserts ``TemporalChangeVersion``, and a dozen
 filled the first screen of the Temporal UI's compact view). A later change of what new runs
 do gets a patch of its own, asked for after this one (or a ``v3`` that implies it)."""
+PATCH_RUN_SETUP_V3 = "relaykit.run-setup.v3"
+"""v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets), by one marker."""
+PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
 PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
 PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 STATE_WRITERS: dict[str, str] = {
@@ -69,6 +72,7 @@ STATE_WRITERS: dict[str, str] = {
     "setup": "run_state",
     "mailbox": "run_state",
     "paused": "run_state",
+    "spend": "spend",
     # one mechanism each
     "pending_approvals": "approvals",
     "decisions": "approvals",
@@ -187,7 +191,8 @@ class Run:
         its own configuration."""
         if self.state.setup is not None:
             return
-        current = workflow.patched(PATCH_RUN_SETUP_V2)  # a new run: one marker for its choices
+        v3 = workflow.patched(PATCH_RUN_SETUP_V3)  # a new run: one marker for its choices
+        current = v3 or workflow.patched(PATCH_RUN_SETUP_V2)
         if not current and not workflow.patched(PATCH_RUN_SETUP):  # before they were recorded
             self.state.setup = RunSetup(
                 search_attributes=self.graph.search_attributes,
@@ -197,7 +202,11 @@ class Run:
         search_attributes = _recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
         event_groups = _recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
         if current:
-            choices = dict.fromkeys(NEW_RUN_CHOICES, True)
+            choices = dict.fromkeys(NEW_RUN_CHOICES_V3 if v3 else NEW_RUN_CHOICES, True)
+            if v3 and search_attributes:
+                choices["cost_attribute"] = _recorded_choice(
+                    PATCH_COST_ATTRIBUTE, self.graph.cost_attribute
+                )
             choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
         else:  # recorded before v2: a marker each, in this order
             choices = {
@@ -280,6 +289,16 @@ class Run:
         if check:
             self.check_budget()
 
+    def add_call_usage(self, agent: str, model: str, response: ModelResponse) -> None:
+        """Count one model call of this run (priced by the model activity) and say its cost."""
+        usage = response.usage.by(agent)
+        priced = response.price_source is not None
+        data = {"model": model, "input_tokens": usage.input_tokens}
+        data |= {"cached_input_tokens": usage.cached_input_tokens}
+        data |= {"output_tokens": usage.output_tokens, "price_source": response.price_source}
+        self.emit("model_call", {**data, "cost": usage.cost_usd if priced else None}, agent=agent)
+        self.add_usage(usage, check=False)
+
     def check_budget(self) -> None:
         budget = self.input.budget
         if budget is None:
@@ -295,29 +314,6 @@ class Run:
                 f"request budget exceeded: {usage.requests} > {budget.max_requests}",
                 errors.BUDGET_EXCEEDED,
             )
-
-    def remaining_budget(self, child: Budget | None) -> Budget | None:
-        """A child's budget: its own per-call limit, tightened by what this run has left."""
-        mine = self.input.budget
-        if mine is None:
-            return child
-        used = self.state.usage
-        left_tokens = (
-            None
-            if mine.max_total_tokens is None
-            else max(mine.max_total_tokens - used.total_tokens, 0)
-        )
-        left_requests = (
-            None if mine.max_requests is None else max(mine.max_requests - used.requests, 0)
-        )
-
-        def tighter(a: int | None, b: int | None) -> int | None:
-            return b if a is None else a if b is None else min(a, b)
-
-        return Budget(
-            max_total_tokens=tighter(child.max_total_tokens if child else None, left_tokens),
-            max_requests=tighter(child.max_requests if child else None, left_requests),
-        )
 
     def fail(self, message: str, kind: str) -> NoReturn:
         """End the run with a typed, non-retryable error that carries the usage so far."""
@@ -369,6 +365,9 @@ NEW_RUN_CHOICES = (
     "handoff_effects",  # [one tool path] on_handoff guarded as an effect
 )
 """The ``RunSetup`` fields a run with :data:`PATCH_RUN_SETUP_V2` has on."""
+NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets")
+"""Those a run with :data:`PATCH_RUN_SETUP_V3` has on (``dollar_budgets``:
+relaykit.workflows.spend)."""
 
 
 def _recorded_choice(patch_id: str, configured: bool) -> bool:

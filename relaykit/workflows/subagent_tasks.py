@@ -34,6 +34,7 @@ from relaykit.tool_args import (
     WaitSubagentsArgs,
 )
 from relaykit.workflows.run_state import Run, signal_workflow
+from relaykit.workflows.spend import Spend
 
 REPORT_SIGNAL = "subagent_report"
 CANCEL_WAIT = timedelta(seconds=60)
@@ -270,6 +271,7 @@ class SubagentTasks:
             return  # not ours, or a duplicate
         self.ended.add(report.task_id)
         task.usage = report.usage
+        Spend(self.run).release(task.workflow_id)  # its cost replaces what it held
         self.run.add_usage(report.usage, check=False)
         if task.status != "running" or report.status == "cancelled":
             if task.status == "running":

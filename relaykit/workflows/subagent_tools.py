@@ -31,6 +31,7 @@ from relaykit.tool_args import (
 from relaykit.workflows.call_record import ROUTE_SUBAGENTS, stand_in_agent
 from relaykit.workflows.loop_guard import PATCH_ALL_KINDS
 from relaykit.workflows.run_state import Run
+from relaykit.workflows.spend import Spend
 from relaykit.workflows.subagent_tasks import SubagentTasks
 from relaykit.workflows.tool_kind import Prepared, ToolKind, ToolResult, invalid_arguments
 
@@ -168,6 +169,7 @@ class SubagentTool(ToolKind):
             handle = await self._start_task(target, task, prompt, target_wf)
         except WorkflowAlreadyStartedError:
             # e.g. a run id reused while an abandoned task of its earlier run still runs
+            Spend(run).release(child_id)
             tasks.drop(task)
             return ToolResult(
                 f"Could not start the task: a run with id {child_id} is already running.",
@@ -194,7 +196,9 @@ class SubagentTool(ToolKind):
                 agent=target.name,
                 input=prompt,
                 max_turns=capability.max_turns,
-                budget=run.remaining_budget(capability.budget),
+                budget=Spend(run).child_budget(
+                    capability.budget, child_id, parts=capability.max_concurrent
+                ),
                 extra_instructions=run.input.extra_instructions,
                 context=run.input.context,
                 run_path=run.state.run_path,

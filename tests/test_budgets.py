@@ -1,0 +1,395 @@
+"""Dollar budgets: each call's worst case fits what remains, children get reservations, and at
+the limit the run pauses for a person, finishes, or fails."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from relaykit import (
+    Agent,
+    Budget,
+    ModelSettings,
+    Price,
+    RunFailed,
+    Subagents,
+    get_run,
+    start_run,
+    tool,
+)
+from relaykit.testing.scripted_server import ScriptedModelServer, call, text
+from tests.support import scripted_model, serving
+
+# $1 per million input and output tokens: a call of (input, output) tokens costs their sum
+# in millionths of a dollar.
+DOLLAR = Price(input=1.0, output=1.0)
+SMALL = ModelSettings(max_tokens=1000)
+"""Each call plans for 1000 output tokens ($0.001)."""
+
+
+@tool
+def look(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+def priced_model(server: ScriptedModelServer, **options: Any) -> Any:
+    return scripted_model(server, price=DOLLAR, **options)
+
+
+def spend(tokens: int, step: Any) -> Any:
+    """``step`` reporting ``tokens`` input tokens (so it costs ``tokens`` millionths of $)."""
+    return dataclasses.replace(step, usage=(tokens, 0))
+
+
+async def wait_for_status(handle: Any, status: str, timeout: float = 30.0) -> Any:
+    async def poll() -> Any:
+        while True:
+            snapshot = await handle.state()
+            if snapshot.status == status:
+                return snapshot
+            await asyncio.sleep(0.2)
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+async def test_a_run_within_its_dollar_limit_ends_as_usual_and_reports_its_budget(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(2000, call("look", topic="a")), text("done")])
+    agent = Agent(name="frugal", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.05)
+        )
+        result = await handle.result()
+        snapshot = await handle.state()
+    assert result.output == "done"
+    assert snapshot.budget is not None and snapshot.budget.limit == 0.05
+    # every request carried the output limit the money left pays for: its own 1000 here
+    assert all(r.body.get("max_tokens") == 1000 for r in model_server.requests(model.name))
+
+
+async def test_at_the_limit_a_failing_budget_ends_the_run_with_budget_exceeded(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [spend(4000, call("look", topic="a")), spend(4000, call("look", topic="b")), text("x")],
+    )
+    agent = Agent(name="spender", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.006, on_limit="fail"),
+        )
+        with pytest.raises(RunFailed) as failure:
+            await handle.result()
+    assert failure.value.type == "BudgetExceeded"
+    assert "spent $0.0040 of the $0.0060 limit" in str(failure.value)
+    assert len(model_server.requests(model.name)) == 1  # the second call was never made
+
+
+async def test_at_the_limit_a_paused_run_waits_and_goes_on_when_a_person_raises_it(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [spend(4000, call("look", topic="a")), spend(4000, call("look", topic="b")), text("x")],
+    )
+    agent = Agent(name="pauser", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.006)
+        )
+        snapshot = await wait_for_status(handle, "budget_reached")
+        assert snapshot.budget is not None
+        assert (snapshot.budget.spent, snapshot.budget.limit) == (0.004, 0.006)
+        assert len(model_server.requests(model.name)) == 1
+        view = await handle.set_budget(raise_by=0.01, by="ana")
+        assert view.limit == pytest.approx(0.016)
+        result = await handle.result()
+        events = await handle.events()
+    assert result.output == "x"
+    changed = next(e for e in events if e.kind == "budget_changed")
+    assert changed.data["by"] == "ana" and changed.data["limit"] == pytest.approx(0.016)
+    assert [e.kind for e in events].count("budget_reached") == 1
+
+
+async def test_finish_makes_one_last_call_without_tools_paid_from_the_reserve(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [spend(2000, call("look", topic="a")), text("best answer so far")],
+    )
+    agent = Agent(name="finisher", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.006, on_limit="finish", finish_reserve=0.3),
+        )
+        result = await handle.result()
+    # $0.004 remain, $0.0018 of them kept for the last answer: the second call (2000 known
+    # input tokens and 256 output tokens at least) does not fit the rest, so it is the last.
+    assert result.output == "best answer so far"
+    last = model_server.requests(model.name)[-1]
+    assert last.tool_names == []
+    assert "budget for this run is spent" in str(last.body)
+    assert result.usage.cost_usd <= 0.006
+
+
+async def test_a_model_without_a_price_refuses_a_dollar_limited_run_unless_counted_free(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = scripted_model(model_server)
+    model_server.script(model.name, [text("free answer")])
+    agent = Agent(name="unpriced-limited", model=model)
+    async with serving(client, agent) as worker:
+        refused = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=1)
+        )
+        with pytest.raises(RunFailed) as failure:
+            await refused.result()
+        free = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=1, unpriced="free"),
+        )
+        assert (await free.result()).output == "free answer"
+    assert failure.value.type == "UnpricedModel"
+    assert model.label in str(failure.value)
+    assert len(model_server.requests(model.name)) == 1  # the refused run made no call
+
+
+async def test_concurrent_subagents_that_together_would_overspend_do_not(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Each subagent would spend $0.004 per call for as long as it is allowed; two run at once
+    # under a $0.02 limit. Their reservations (a third each of what remains) stop them.
+    sub_model = priced_model(model_server)
+    lead_model = priced_model(model_server)
+    model_server.respond(sub_model.name, lambda request: spend(4000, call("look", topic="x")))
+    model_server.script(
+        lead_model.name,
+        [
+            spend(100, call("spawn_subagent", prompt="dig a")),
+            spend(100, call("spawn_subagent", prompt="dig b")),
+            spend(100, call("wait_subagents", timeout_seconds=30)),
+            spend(100, text("done")),
+        ],
+    )
+    digger = Agent(name="digger", model=sub_model, tools=[look], model_settings=SMALL)
+    lead = Agent(
+        name="lead",
+        model=lead_model,
+        model_settings=SMALL,
+        subagents=Subagents([digger], max_concurrent=2),
+    )
+    async with serving(client, lead) as worker:
+        handle = await start_run(
+            client,
+            lead,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.02, on_limit="fail"),
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert result.output == "done"
+    assert result.usage.cost_usd <= 0.02
+    assert result.usage.by_agent["digger"] > 0
+
+
+async def test_a_run_paused_at_its_limit_survives_a_worker_kill_and_goes_on_when_raised(
+    client: Client, temporal_server: Any, model_server: ScriptedModelServer, tmp_path: Any
+) -> None:
+    from tests.test_crash_recovery import crash_rig, eventually, forget_sticky_worker, kill
+
+    async with crash_rig(temporal_server.address, model_server, tmp_path) as rig:
+        model_server.script(
+            rig.model,
+            [
+                spend(4000, call("quick", n=1)),
+                spend(4000, call("quick", n=2)),
+                text("done after the raise"),
+            ],
+        )
+        first = rig.start_worker()
+        handle = await start_run(
+            client,
+            "crash_priced",
+            "go",
+            task_queue=rig.task_queue,
+            budget=Budget(max_usd=0.006),
+        )
+
+        async def reached() -> bool:
+            return (await handle.state()).status == "budget_reached"
+
+        await eventually(reached, "the run to wait at its limit")
+        kill(first)
+        await forget_sticky_worker(client, handle)
+        rig.start_worker()
+        snapshot = await handle.state()  # answered by the new worker, rebuilt from history
+        assert snapshot.status == "budget_reached"
+        await handle.set_budget(0.05, by="ops")
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert result.output == "done after the raise"
+    assert model_server.request_count(rig.model) == 3
+    assert rig.tool_calls() == {"quick 1": 1, "quick 2": 1}
+
+
+async def test_a_person_sees_a_paused_run_in_runs_and_pending_and_raises_it_with_the_cli(
+    client: Client, temporal_server: Any, model_server: ScriptedModelServer
+) -> None:
+    from tests.test_watch import relaykit
+
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [spend(4000, call("look", topic="a")), spend(4000, call("look", topic="b")), text("x")],
+    )
+    agent = Agent(name="cli-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        code, out, err = await relaykit(
+            temporal_server,
+            "run",
+            "cli-budget",
+            "go",
+            "--max-usd",
+            "0.006",
+            "--task-queue",
+            worker.task_queue,
+            "--json",
+        )
+        assert code == 0, err
+        handle = get_run(client, json.loads(out)["run_id"])
+        await wait_for_status(handle, "budget_reached")
+        code, out, err = await relaykit(
+            temporal_server, "runs", "--status", "budget_reached", "--json"
+        )
+        assert code == 0, err
+        (row,) = [r for r in json.loads(out) if r["run_id"] == handle.id]
+        assert row["status"] == "budget_reached" and row["cost_usd"] == pytest.approx(0.004)
+        from relaykit.inbox.pending import list_pending
+
+        inbox = await list_pending(client)
+        (wait,) = [w for w in inbox.budgets if w.run_id == handle.id]
+        assert (wait.spent, wait.limit) == (0.004, 0.006)
+        code, out, err = await relaykit(temporal_server, "pending", handle.id)
+        assert code == 0, err
+        assert "budget reached: spent $0.0040 of $0.0060" in out
+        code, out, err = await relaykit(
+            temporal_server, "budget", handle.id, "--raise", "0.01", "--as", "ana"
+        )
+        assert code == 0, err
+        assert "of $0.0160" in out
+        assert (await handle.result()).output == "x"
+        code, out, err = await relaykit(temporal_server, "result", handle.id)
+        assert code == 0, err
+        assert "$0.0080" in err  # the run's cost, after the answer
+        query = f"RelayCostUSD > 0.0079 AND WorkflowId = '{handle.id}'"
+        code, out, err = await relaykit(temporal_server, "runs", "--query", query, "--json")
+        assert code == 0, err
+        assert [r["run_id"] for r in json.loads(out)] == [handle.id]
+        changes = [e.data for e in await handle.events() if e.kind == "budget_changed"]
+    assert changes == [
+        {"by": "ana", "limit": pytest.approx(0.016), "previous": 0.006, "finish": False}
+    ]
+
+
+async def test_continue_as_new_carries_the_spend_and_the_limit(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [
+            spend(2000, call("look", topic="a")),
+            spend(2000, call("look", topic="b")),
+            spend(2000, call("look", topic="c")),
+            text("x"),
+        ],
+    )
+    agent = Agent(name="long-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.006, on_limit="fail"),
+            continue_as_new_after_turns=1,
+        )
+        with pytest.raises(RunFailed) as failure:
+            await handle.result()
+    # each turn ran in a workflow run of its own; the limit still counted all of them
+    assert failure.value.type == "BudgetExceeded"
+    assert len(model_server.requests(model.name)) == 2
+
+
+async def test_the_budgeted_research_example_pauses_is_raised_and_finishes(
+    temporal_server: Any, capsys: Any
+) -> None:
+    from examples.budgeted_research import play
+
+    answer = await asyncio.wait_for(play(temporal_server.address), 90)
+    assert answer.startswith("Comparison:")
+    shown = capsys.readouterr().out
+    assert "budget_reached, spent $0.0" in shown and "of $0.0500" in shown
+    assert "raised to $0.1500" in shown
+
+
+async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_todays_are(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Replayed under a price a hundred times higher, the run would decide to wait at its limit
+    # before its second call; it replays as it ran because the prices it planned with are in
+    # its history.
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from relaykit import registry
+    from relaykit.graph import AgentGraph
+    from relaykit.worker import sandbox_runner
+    from relaykit.workflows.agent_run import AgentRun
+
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(2000, call("look", topic="a")), text("done")])
+    agent = Agent(name="replayed-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.05)
+        )
+        assert (await handle.result()).output == "done"
+        history = await handle.workflow.fetch_history()
+    dearer = model.model_copy(update={"price": Price(input=100.0, output=100.0)})
+    graph = AgentGraph.build([Agent(name=agent.name, model=dearer, tools=[look])])
+    registry.register("replay-budget-check", graph)
+    try:
+        replayer = Replayer(
+            workflows=[AgentRun],
+            data_converter=pydantic_data_converter,
+            workflow_runner=sandbox_runner(),
+            build_id="budget-check",
+        )
+        await replayer.replay_workflow(history)
+    finally:
+        registry.unregister("replay-budget-check", graph)
