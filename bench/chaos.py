@@ -62,6 +62,9 @@ sticky timeout, heartbeat timeouts and a new worker to start on a loaded machine
 CALL_SECONDS = 20.0
 """Bound on one client call (an update waits for the workflow task that answers it)."""
 TRIGGER_SECONDS = 30.0
+SEED_SECONDS = 600.0
+"""A seed's own bound: a driver still busy after it (a client call that ignored its own bound)
+is a failure of its own, reported with the seed, and its worker processes are stopped."""
 
 
 def reproduce_command(seed: int) -> str:
@@ -419,8 +422,19 @@ async def run_seed(
     work = workdir / f"seed-{seed}"
     work.mkdir(parents=True, exist_ok=True)
     driver = Driver(client, server, address, seed, work, settle)
+    task = asyncio.ensure_future(driver.go())
+    done, _ = await asyncio.wait({task}, timeout=SEED_SECONDS)
+    if not done:  # a client call that ignored its own bound: report it, never hang the others
+        task.cancel()  # not awaited: a call that ignores cancellation must not hold the rest
+        driver.out.violations.append(
+            f"the driver did not finish within {SEED_SECONDS:.0f} s (runs: "
+            + ", ".join(run.handle.id for run in driver.runs)
+            + ")"
+        )
+        await asyncio.to_thread(driver.rig.close)
+        return driver.out
     try:
-        return await driver.go()
+        return task.result()
     except Exception:  # noqa: BLE001 - the driver's own failure is reported as one
         driver.out.violations.append("the driver failed: " + traceback.format_exc(limit=5))
         return driver.out
