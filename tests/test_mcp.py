@@ -473,7 +473,10 @@ async def test_server_with_its_own_task_queue_runs_only_on_workers_of_that_queue
         if e.HasField("activity_task_scheduled_event_attributes")
     }
     assert queues["mcp:remote:list_tools"] == queues["mcp:remote/count"] == server.task_queue
-    assert queues["relaykit.model_call"] == main.task_queue
+    from relaykit.models.queues import model_queue
+
+    # the model call on its provider's queue of the run's queue (docs/fleet.md)
+    assert queues["relaykit.model_call"] == model_queue(model, main.task_queue)
 
 
 async def test_call_slower_than_the_server_timeout_ends_in_an_error_result_and_include_limits_the_tools(  # noqa: E501

@@ -192,7 +192,11 @@ async def test_runs_lists_runs_with_status_agent_and_tokens_and_filters_them(
             code, out, err = await relaykit(temporal_server, "runs")
             assert code == 0, err
             line = next(line for line in out.splitlines() if line.startswith(done.id))
-            assert line.split()[1:3] == ["completed", quick.name] and line.split()[-1] == "45"
+            # RUN STATUS AGENT AGE TOKENS COST (BUILD is empty for an unversioned worker)
+            assert line.split()[1:3] == ["completed", quick.name] and line.split()[-2:] == [
+                "45",
+                "$0.0000",
+            ]
             code, out, _ = await relaykit(
                 temporal_server,
                 "runs",

@@ -43,16 +43,20 @@ from relaykit.workflows.semantics import (
 # consulted when the change applies (a marker lands in history only then).
 PATCH_RUN_SETUP = "relaykit.run-setup"
 PATCH_RUN_SETUP_V2 = "relaykit.run-setup.v2"
-PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
-"""Model calls on provider queues: written right after :data:`PATCH_RUN_SETUP_V2` by new runs
-(runs recorded with v2 before it have no such marker and keep their queue)."""
 """A run that makes every choice of :data:`NEW_RUN_CHOICES` as new runs do, recorded by this
 one marker instead of a marker each (each also upserts ``TemporalChangeVersion``, and a dozen
 filled the first screen of the Temporal UI's compact view). A later change of what new runs
 do gets a patch of its own, asked for after this one (or a ``v3`` that implies it)."""
 PATCH_RUN_SETUP_V3 = "relaykit.run-setup.v3"
-"""v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets), by one marker."""
+"""v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets, provider queues), by
+one marker."""
 PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
+"""Whether a v3 run upserts ``RelayCostUSD`` with its other search attributes (the namespace had
+it registered when the run started)."""
+PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
+"""Model calls on provider queues, in runs recorded with :data:`PATCH_RUN_SETUP_V2` (asked right
+after it: runs recorded with v2 before it have no such marker and keep their queue); runs with
+:data:`PATCH_RUN_SETUP_V3` have them by that marker alone."""
 PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
 PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 STATE_WRITERS: dict[str, str] = {
@@ -207,7 +211,8 @@ class Run:
                 choices["cost_attribute"] = _recorded_choice(
                     PATCH_COST_ATTRIBUTE, self.graph.cost_attribute
                 )
-            choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
+            if not v3:  # provider queues came after v2, with a marker of their own
+                choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
         else:  # recorded before v2: a marker each, in this order
             choices = {
                 **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
@@ -365,9 +370,9 @@ NEW_RUN_CHOICES = (
     "handoff_effects",  # [one tool path] on_handoff guarded as an effect
 )
 """The ``RunSetup`` fields a run with :data:`PATCH_RUN_SETUP_V2` has on."""
-NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets")
+NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets", "provider_queues")
 """Those a run with :data:`PATCH_RUN_SETUP_V3` has on (``dollar_budgets``:
-relaykit.workflows.spend)."""
+relaykit.workflows.spend; ``provider_queues``: relaykit.models.queues)."""
 
 
 def _recorded_choice(patch_id: str, configured: bool) -> bool:
