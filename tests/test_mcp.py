@@ -895,14 +895,31 @@ async def test_one_run_uses_stdio_and_http_servers_and_survives_a_server_kill_an
         await asyncio.sleep(0.1)
 
 
+async def kill_once_the_next_worker_polls(
+    client: Client, workers: WorkerProcesses, first: Any, handle: Any, tmp_path: Path
+) -> float:
+    """SIGKILL ``first`` once a second worker polls (so the wait that follows is Temporal's,
+    not a start-up), and make the run forget its sticky worker; returns the moment of the kill."""
+    from tests.test_crash_recovery import forget_sticky_worker, kill
+
+    workers.start()
+    ready = tmp_path / "worker-1.log"
+    deadline = time.monotonic() + RESULT_TIMEOUT
+    while b"worker on task queue" not in ready.read_bytes():
+        assert time.monotonic() < deadline, "the second worker never started"
+        await asyncio.sleep(0.1)
+    kill(first)
+    killed = time.monotonic()
+    await forget_sticky_worker(client, handle)
+    return killed
+
+
 async def test_mcp_call_on_a_killed_worker_is_retried_after_the_default_heartbeat_timeout(
     client: Client, temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path
 ) -> None:
     # No heartbeat_timeout given: MCP calls heartbeat by default like Python tools (10 s), so
     # the call in flight on a SIGKILLed worker is retried after seconds, not after its
     # start-to-close timeout (timeout + list_timeout: 3 minutes).
-    from tests.test_crash_recovery import forget_sticky_worker, kill
-
     log = ServerLog(tmp_path / "stdio.log")
     release = tmp_path / "release"
     workers = WorkerProcesses(
@@ -920,15 +937,7 @@ async def test_mcp_call_on_a_killed_worker_is_retried_after_the_default_heartbea
         first = workers.start()
         handle = await start_run(client, "mcp_crash_agent", "go", task_queue=workers.task_queue)
         await wait_for_log(log, "slow", "the slow call never started")
-        workers.start()  # polling before the kill: the wait below is Temporal's, not a start-up
-        ready = tmp_path / "worker-1.log"
-        deadline = time.monotonic() + RESULT_TIMEOUT
-        while b"worker on task queue" not in ready.read_bytes():
-            assert time.monotonic() < deadline, "the second worker never started"
-            await asyncio.sleep(0.1)
-        kill(first)
-        killed = time.monotonic()
-        await forget_sticky_worker(client, handle)
+        killed = await kill_once_the_next_worker_polls(client, workers, first, handle, tmp_path)
         release.touch()
         while log.started()["slow 0"] + log.started()["slow 0.0"] < 2:
             assert time.monotonic() - killed < 30, "the call was not retried within 30 s"
@@ -947,8 +956,6 @@ async def test_mcp_listing_on_a_killed_worker_is_retried_after_the_default_heart
     # The listing of a server's tools heartbeats like its calls: a worker SIGKILLed while its
     # server starts (slowly) is noticed within seconds, not after list_timeout (60 s), and the
     # next worker lists the tools and the run goes on.
-    from tests.test_crash_recovery import forget_sticky_worker, kill
-
     log = ServerLog(tmp_path / "stdio.log")
     release = tmp_path / "release"
     workers = WorkerProcesses(
@@ -967,15 +974,7 @@ async def test_mcp_listing_on_a_killed_worker_is_retried_after_the_default_heart
         first = workers.start()
         handle = await start_run(client, "mcp_crash_agent", "go", task_queue=workers.task_queue)
         await wait_for_log(log, "server", "the docs server never started")
-        workers.start()  # polling before the kill: the wait below is Temporal's, not a start-up
-        ready = tmp_path / "worker-1.log"
-        deadline = time.monotonic() + RESULT_TIMEOUT
-        while b"worker on task queue" not in ready.read_bytes():
-            assert time.monotonic() < deadline, "the second worker never started"
-            await asyncio.sleep(0.1)
-        kill(first)
-        killed = time.monotonic()
-        await forget_sticky_worker(client, handle)
+        killed = await kill_once_the_next_worker_polls(client, workers, first, handle, tmp_path)
         release.touch()
         while log.started()['server ""'] < 2:
             assert time.monotonic() - killed < 30, "the listing was not retried within 30 s"
