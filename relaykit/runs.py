@@ -19,8 +19,17 @@ from pydantic import BaseModel, Field
 from relaykit.messages import Message, Usage
 
 RunStatus = Literal[
-    "running", "waiting_approval", "paused", "budget_reached", "completed", "failed", "cancelled"
+    "running",
+    "waiting_approval",
+    "paused",
+    "budget_reached",
+    "waiting_parent_budget",
+    "completed",
+    "failed",
+    "cancelled",
 ]
+"""``waiting_parent_budget``: a child run at its dollar reservation waits for its parent to
+grant more (docs/budgets.md); ``budget_reached``: a run waits at its own limit for a person."""
 
 EventKind = Literal[
     "run_started",
@@ -38,6 +47,8 @@ EventKind = Literal[
     "resumed",
     "budget_reached",
     "budget_changed",
+    "budget_asked",
+    "budget_granted",
     "subagent_started",
     "subagent_finished",
     "report_delivered",
@@ -236,6 +247,21 @@ class RunSetup(BaseModel):
     """Whether the run upserts ``RelayCostUSD`` with the other search attributes."""
 
 
+class BudgetAsk(BaseModel):
+    """A child at its reservation asks its parent for more (the ``budget_ask`` signal, by
+    workflow id, so it reaches the parent's current run after a continue-as-new;
+    compatibility data)."""
+
+    workflow_id: str
+    """The child that asks (the key of its reservation in the parent)."""
+    seq: int
+    """Which of the child's asks this is (the answer names it)."""
+    need: float = Field(0.0, ge=0)
+    """The least, in USD, that lets the child make its next call."""
+    spent: float = 0.0
+    """What the child has spent so far (what a person reading the parent's events sees)."""
+
+
 class SpendState(BaseModel):
     """A run's dollar budget as it stands (``relaykit.workflows.spend``), carried across
     continue-as-new. Spend itself is ``RunState.usage.cost_usd``."""
@@ -256,6 +282,40 @@ class SpendState(BaseModel):
     its next call is its last, without tools, paid from the reserve; ``finished``: it was made."""
     changes: list[dict[str, Any]] = Field(default_factory=list)
     """Who changed the limit, when, and to what (the ``set_budget`` updates)."""
+    # The tree (a child at its reservation asks its parent): runs that recorded ``grants``.
+    grants: bool = False
+    """Recorded at the start: this run's children ask it for more at their reservation, and
+    it asks its own parent (``RunInput.budget_from``) at its own; ``False`` for runs started
+    before, whose children finish (or fail) at their reservation."""
+    shares: dict[str, float] = Field(default_factory=dict)
+    """Per running child: the share of what remains that its reservation (and each grant) is."""
+    asks: dict[str, BudgetAsk] = Field(default_factory=dict)
+    """Per child: its ask not answered yet (in the order they came); carried across
+    continue-as-new, answered by the run that has the money."""
+    asking: int | None = None
+    """The number of this run's own ask to its parent while it waits for the answer."""
+    asked: int = 0
+    """How many asks this run has sent its parent (numbers them)."""
+    acknowledged: bool = False
+    """The parent has the outstanding ask (it answered ``wait``): no timeout any more."""
+    verdict: str | None = None
+    """The parent's last answer: ``grant``, ``finish`` or ``fail``."""
+    resume_status: str | None = None
+    """The status to go back to when the run stops waiting for money."""
+    paused_for_children: bool = False
+    """The run waits at its limit because its children's asks do not fit (not its own call)."""
+
+
+class BudgetAnswer(BaseModel):
+    """A parent's answer to a :class:`BudgetAsk` (the ``budget_answer`` signal; compatibility
+    data). ``wait``: the parent has the ask and waits itself (a person, or its own parent);
+    ``grant``: ``amount`` more; ``finish`` / ``fail``: nothing more, the child makes its last
+    call for the best answer, or fails with ``BudgetExceeded``."""
+
+    seq: int
+    verdict: Literal["grant", "wait", "finish", "fail"]
+    amount: float = 0.0
+    reason: str = ""
 
 
 class BudgetChange(BaseModel):
@@ -379,6 +439,9 @@ class RunInput(BaseModel):
     """Set for agent-as-tool children: approvals requested inside surface in the parent."""
     report_to: ReportTarget | None = None
     """Set for background subagents: where the final report goes."""
+    budget_from: str | None = None
+    """Set by relaykit for a child whose dollar limit is a reservation of a parent that grants
+    more: the parent's workflow id, which the child asks at its limit (docs/budgets.md)."""
     unattended: bool = False
     """No person watches this run: tools needing approval are rejected at once."""
     transcript_transport: Literal["stored", "inline"] = "stored"

@@ -22,6 +22,8 @@ from relaykit import errors, registry
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
+    BudgetAnswer,
+    BudgetAsk,
     BudgetChange,
     BudgetView,
     ChildReport,
@@ -37,7 +39,7 @@ from relaykit.search_attributes import RELAY_AGENT, RELAY_COST_USD, RELAY_STATUS
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
 from relaykit.workflows.loop import TurnLoop
-from relaykit.workflows.spend import Spend
+from relaykit.workflows.spend import ANSWER_SIGNAL, ASK_SIGNAL, Spend
 from relaykit.workflows.subagent_tasks import REPORT_SIGNAL, send_report
 
 NO_INPUT = RawValue(Payload())
@@ -151,7 +153,8 @@ class AgentRun:
             return None
         reserved = sum(spend.reserved.values())
         cost = self._loop.state.usage.cost_usd
-        return BudgetView(limit=spend.limit, spent=cost, reserved=reserved, phase=spend.phase)
+        phase = spend.phase if spend.asking is None else "waiting_for_parent"
+        return BudgetView(limit=spend.limit, spent=cost, reserved=reserved, phase=phase)
 
     @workflow.query
     def current_agent(self) -> str:
@@ -214,6 +217,17 @@ class AgentRun:
         view = self._budget_view()
         assert view is not None
         return view
+
+    @workflow.signal(name=ASK_SIGNAL)
+    def budget_ask(self, ask: BudgetAsk) -> None:
+        """A child at its reservation asks for more: granted from what this run has left, or
+        it waits with this run (docs/budgets.md)."""
+        Spend(self._loop.run_state).on_ask(ask)
+
+    @workflow.signal(name=ANSWER_SIGNAL)
+    def budget_answer(self, answer: BudgetAnswer) -> None:
+        """The parent's answer to this run's ask."""
+        Spend(self._loop.run_state).on_answer(answer)
 
     @set_budget.validator
     def _validate_set_budget(self, change: BudgetChange) -> None:

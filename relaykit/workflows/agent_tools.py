@@ -139,6 +139,7 @@ class AgentToolKind(ToolKind):
             run_path=run.state.run_path,
             parent_workflow_id=info.workflow_id,
             unattended=run.input.unattended,
+            budget_from=spend.budget_from(),
         )
         try:
             return await self._child(child_input, child_id, prompt)

@@ -123,6 +123,7 @@ class TurnLoop:
     async def _wind_down(self) -> None:
         """Before the run ends: stop unfinished background tasks, flush pending signals."""
         await self.tasks.close()
+        self.spend.close()  # children waiting for more make their last call
         await self.run_state.drain_background()
 
     async def _loop(self) -> RunResult:

@@ -24,11 +24,23 @@ arrives in the run's usage; this module decides what the run may still *start*:
   activity: it costs nothing) until a person raises the limit (the ``set_budget`` update) or
   asks for the last answer; ``"finish"`` makes that last call at once: no tools, a reminder to
   answer with what it has, paid from the reserve; ``"fail"`` ends the run with
-  ``BudgetExceeded`` naming the spend and the limit. A child at its reservation finishes (or
-  fails, when its parent's budget fails).
+  ``BudgetExceeded`` naming the spend and the limit.
+- **The tree**: a child at its reservation asks its parent (the ``budget_ask`` signal, by
+  workflow id; the answer is the ``budget_answer`` signal back). The parent grants from what it
+  has left (the child's share of it, at least what the child's next call needs; the grant
+  counts as reserved by the parent), or, when that does not fit, it is at its own limit: a
+  child asks its own parent in turn, a root applies its ``on_limit`` (``"pause"``: the root
+  waits in ``budget_reached`` and its children in ``waiting_parent_budget`` until a person
+  raises the root's limit; ``"finish"``/``"fail"``: the child makes its last call, or fails).
+  Asks are answered one at a time, in the order they came, inside signal handlers, so children
+  asking at once never overspend together. A parent that has ended is told nothing new: the
+  child's ask fails to send, or the parent's end answered it, and the child makes its last
+  call; a parent that never takes the ask (no ``wait`` within :data:`ASK_TIMEOUT`) does too.
 
-All of it lives in ``RunState.spend``, which continue-as-new carries. Runs started before
-``relaykit.run-setup.v3`` (``RunSetup.dollar_budgets`` off) never come here.
+All of it lives in ``RunState.spend``, which continue-as-new carries (with children's asks not
+answered yet). Runs started before
+``relaykit.run-setup.v3`` (``RunSetup.dollar_budgets`` off) never come here; runs whose start
+did not record :data:`GRANTS_CHOICE` (``SpendState.grants`` off) neither ask nor grant.
 
 Workflow code: deterministic, no I/O (the prices are recorded by a local activity).
 """
@@ -46,8 +58,8 @@ from relaykit import errors
 from relaykit.agent import Agent, AgentTool, Budget, as_handoff
 from relaykit.messages import Message
 from relaykit.models.spec import ModelRequest
-from relaykit.runs import RECORD_DECISIONS_ACTIVITY, SpendState
-from relaykit.workflows.run_state import Run
+from relaykit.runs import RECORD_DECISIONS_ACTIVITY, BudgetAnswer, BudgetAsk, SpendState
+from relaykit.workflows.run_state import Run, signal_workflow
 
 DEFAULT_OUTPUT_ALLOWANCE = 4096
 """The output limit a call plans with when its agent sets no ``max_tokens``."""
@@ -58,6 +70,16 @@ MIN_FINAL_OUTPUT = 32
 BYTES_PER_TOKEN = 2
 """What the estimate of text not yet counted by a provider assumes (fewer than any tokenizer
 of English, so the estimate errs high)."""
+ASK_SIGNAL = "budget_ask"
+"""Signal a child sends its parent at its reservation (payload :class:`BudgetAsk`)."""
+ANSWER_SIGNAL = "budget_answer"
+"""Signal a parent sends the child back (payload :class:`BudgetAnswer`)."""
+ASK_TIMEOUT = timedelta(minutes=10)
+"""How long a child waits for its parent to take an ask (answer, or say ``wait``); after
+that it makes its last call, as with a parent that has ended."""
+GRANTS_CHOICE = "relaykit.budget-grants"
+"""Recorded with the prices at a run's start (the same local activity, no marker of its own):
+this run's children ask it, and it asks its parent (``SpendState.grants``)."""
 FINAL_REMINDER = (
     "The budget for this run is spent. Do not call tools: answer now, as well as you can, with "
     "what you have found so far, and say what is left undone."
@@ -97,6 +119,7 @@ class Spend:
                 price, _source = price_of(spec, at=workflow.now())
                 row = None if price is None else [price.input, price.cached_input, price.output]
                 planned.append(json.dumps([label, row]))
+        planned.append(json.dumps([GRANTS_CHOICE, None]))
         recorded: list[str] = await workflow.execute_local_activity(
             RECORD_DECISIONS_ACTIVITY,
             planned,
@@ -105,8 +128,12 @@ class Spend:
         )
         prices: dict[str, list[float]] = {}
         unpriced: list[str] = []
+        grants = False  # runs recorded before the choice
         for code in recorded:
             label, row = json.loads(code)
+            if label == GRANTS_CHOICE:
+                grants = True
+                continue
             if row is None:
                 unpriced.append(label)
                 row = [0.0, 0.0, 0.0]
@@ -124,6 +151,7 @@ class Spend:
             limit=budget.max_usd,
             finish_reserve=budget.max_usd * budget.finish_reserve,
             prices=prices,
+            grants=grants,
         )
 
     # --- before each call ---------------------------------------------------------------------
@@ -147,9 +175,18 @@ class Spend:
                     return self._fail(request)
                 s.phase = "finished"
                 return fitted.model_copy(update={"final_call": True, "reminder": FINAL_REMINDER})
-            fitted = self.fit(request, self.available() - s.finish_reserve, MIN_OUTPUT)
-            if fitted is not None:
-                return fitted
+            if s.phase != "reached":  # (waiting at the limit: for a person or children's asks)
+                room = self.available() - s.finish_reserve
+                fitted = self.fit(request, room, MIN_OUTPUT)
+                if fitted is not None:
+                    return fitted
+                if self.asks_parent():
+                    verdict = await self.ask_parent(self.shortfall(request, room))
+                    if verdict == "fail":
+                        self._fail(request)
+                    if verdict != "grant":
+                        s.phase = "finishing"
+                    continue
             await self._at_limit(request)
 
     def fit(self, request: ModelRequest, room: float, floor: int) -> ModelRequest | None:
@@ -168,6 +205,16 @@ class Spend:
         if cap < min(floor, own):
             return None
         return request.model_copy(update={"output_cap": cap})
+
+    def shortfall(self, request: ModelRequest, room: float) -> float:
+        """What ``request`` needs beyond ``room`` to be started (its input and the least
+        output a call is started with)."""
+        s = self.state
+        assert s is not None
+        p_in, _cached, p_out = s.prices.get(request.model.label) or self._unplanned(request)
+        own = request.settings.max_tokens or DEFAULT_OUTPUT_ALLOWANCE
+        cost = (self.input_tokens(request) * p_in + min(MIN_OUTPUT, own) * p_out) / 1_000_000
+        return max(cost - room, 0.0)
 
     def input_tokens(self, request: ModelRequest) -> int:
         """The call's known input: the stored prefix's tokens as the last call counted them,
@@ -209,10 +256,9 @@ class Spend:
             s.phase = "finishing"
             run.emit("budget_reached", {**data, "then": "finish"})
             return
-        s.phase = "reached"
-        previous = run.state.status
-        run.set_status("budget_reached")
-        run.emit("budget_reached", {**data, "then": "pause"})
+        if s.phase != "reached":  # (else children's asks put it there: it waits already)
+            self._reach({**data, "then": "pause"})
+        s.paused_for_children = False  # its own call waits too
         held = sum(s.reserved.values())
         # A person changes the limit, or a child ends and returns what it held: check again.
         await workflow.wait_condition(
@@ -220,7 +266,30 @@ class Spend:
         )
         if s.phase == "reached":
             s.phase = "spending"
-        run.set_status(previous if previous != "budget_reached" else "running")
+        self._resume()
+
+    def _reach(self, data: dict[str, Any]) -> None:
+        """Wait at the limit for a person (``budget_reached``)."""
+        run, s = self.run, self.state
+        assert s is not None
+        s.phase = "reached"
+        self._hold_status("budget_reached")
+        run.emit("budget_reached", data)
+
+    def _hold_status(self, status: str) -> None:
+        run, s = self.run, self.state
+        assert s is not None
+        if run.state.status not in ("budget_reached", "waiting_parent_budget"):
+            s.resume_status = run.state.status
+        run.set_status(status)
+
+    def _resume(self) -> None:
+        """Stop waiting for money: the status it had before."""
+        run, s = self.run, self.state
+        assert s is not None
+        previous = s.resume_status or "running"
+        s.resume_status = None
+        run.set_status(previous)
 
     def _fail(self, request: ModelRequest) -> NoReturn:
         s = self.state
@@ -251,6 +320,11 @@ class Spend:
         elif s.phase in ("reached", "finished"):
             s.phase = "spending"  # the next call is checked against the new limit
         run.emit("budget_changed", change)
+        if s.grants:
+            if s.paused_for_children and s.phase != "reached":
+                s.paused_for_children = False
+                self._resume()
+            self.serve_asks()
 
     # --- fan-out: reservations ----------------------------------------------------------------
 
@@ -282,6 +356,8 @@ class Spend:
         if child is not None and child.max_usd is not None:
             reservation = min(reservation, child.max_usd)
         s.reserved[child_id] = reservation
+        if s.grants:
+            s.shares[child_id] = share
         return budget.model_copy(
             update={
                 "max_usd": reservation,
@@ -292,11 +368,169 @@ class Spend:
             }
         )
 
+    def budget_from(self) -> str | None:
+        """What a child's ``RunInput.budget_from`` is: this run, when it grants."""
+        s = self.state
+        return workflow.info().workflow_id if s is not None and s.grants else None
+
     def release(self, child_id: str) -> None:
         """A child ended: what it held returns (its cost arrives with its usage, in the same
         workflow step)."""
-        if self.state is not None:
-            self.state.reserved.pop(child_id, None)
+        s = self.state
+        if s is not None:
+            s.reserved.pop(child_id, None)
+            s.shares.pop(child_id, None)
+            s.asks.pop(child_id, None)
+            self.serve_asks()  # what it returned may pay for another child's ask
+
+    # --- the tree: a child asks, its parent answers ---------------------------------------------
+
+    def asks_parent(self) -> bool:
+        s = self.state
+        return s is not None and s.grants and self.run.input.budget_from is not None
+
+    async def ask_parent(self, need: float) -> str:
+        """Ask the parent for ``need`` dollars (or more) and wait for its answer: ``grant``
+        (the limit is raised already), ``finish`` or ``fail``."""
+        run, s = self.run, self.state
+        assert s is not None and run.input.budget_from is not None
+        if s.asking is None:
+            await self._send_ask(self._ask(need))
+        seq = s.asking
+        if seq is not None and not s.acknowledged:
+            try:
+                await workflow.wait_condition(
+                    lambda: s.asking != seq or s.acknowledged, timeout=ASK_TIMEOUT
+                )
+            except TimeoutError:
+                reason = f"the parent run did not take the ask within {ASK_TIMEOUT}"
+                self.on_answer(BudgetAnswer(seq=seq, verdict="finish", reason=reason))
+        await workflow.wait_condition(lambda: s.asking != seq)
+        return s.verdict or "finish"
+
+    def _ask(self, need: float) -> BudgetAsk:
+        """Open an ask (the run waits for its parent's budget until it is answered)."""
+        run, s = self.run, self.state
+        assert s is not None
+        s.asked += 1
+        s.asking, s.acknowledged, s.verdict = s.asked, False, None
+        spent = run.state.usage.cost_usd
+        self._hold_status("waiting_parent_budget")
+        run.emit(
+            "budget_asked",
+            {"parent": run.input.budget_from, "need": need, "spent": spent, "limit": s.limit},
+        )
+        return BudgetAsk(
+            workflow_id=workflow.info().workflow_id, seq=s.asked, need=need, spent=spent
+        )
+
+    async def _send_ask(self, ask: BudgetAsk) -> None:
+        parent = self.run.input.budget_from
+        assert parent is not None
+        try:
+            await workflow.get_external_workflow_handle(parent).signal(ASK_SIGNAL, ask)
+        except Exception as exc:  # noqa: BLE001 - the parent has ended: nothing more to ask
+            reason = f"the parent run {parent} cannot be asked: {exc}"
+            self.on_answer(BudgetAnswer(seq=ask.seq, verdict="finish", reason=reason))
+
+    def on_answer(self, answer: BudgetAnswer) -> None:
+        """The parent's answer (signal handler); one to an ask no longer open is ignored."""
+        run, s = self.run, self.state
+        if s is None or s.asking is None or answer.seq != s.asking:
+            return
+        if answer.verdict == "wait":
+            s.acknowledged = True
+            return
+        s.asking, s.verdict = None, answer.verdict
+        data: dict[str, Any] = {"from": run.input.budget_from, "verdict": answer.verdict}
+        if answer.verdict == "grant":
+            s.limit += answer.amount
+            data |= {"amount": answer.amount, "limit": s.limit}
+        elif answer.reason:
+            data["reason"] = answer.reason
+        run.emit("budget_granted", data)
+        self._resume()
+        if answer.verdict == "grant":
+            self.serve_asks()  # children of this run that asked wait for this
+        else:
+            self._deny_all(answer.verdict, answer.reason)
+
+    def on_ask(self, ask: BudgetAsk) -> None:
+        """A child at its reservation asks (signal handler)."""
+        s = self.state
+        if s is None or not s.grants or ask.workflow_id not in s.reserved:
+            # not a child holding a reservation here (it ended, or never was): nothing more
+            self._answer(ask.workflow_id, ask.seq, "finish", "no reservation of this run")
+            return
+        known = s.asks.get(ask.workflow_id)
+        if known is not None and known.seq >= ask.seq:
+            return  # a repeat
+        s.asks[ask.workflow_id] = ask
+        self.serve_asks()
+        if ask.workflow_id in s.asks:  # it waits with this run: no timeout for it
+            self._answer(ask.workflow_id, ask.seq, "wait")
+
+    def serve_asks(self) -> None:
+        """Answer children's asks from what this run has left, in the order they came; what
+        does not fit waits for this run's parent, or a person, or ends the child's spending."""
+        run, s = self.run, self.state
+        if s is None or not s.asks:
+            return
+        if s.phase in ("finishing", "finished"):
+            self._deny_all(self._limit_verdict(), "the parent run is making its last call")
+            return
+        for child_id, ask in list(s.asks.items()):
+            room = self.available() - s.finish_reserve
+            if room < ask.need or room <= 0:
+                break  # first come, first served: a later ask does not overtake this one
+            grant = min(room, max(ask.need, room * s.shares.get(child_id, 0.5)))
+            s.reserved[child_id] = s.reserved.get(child_id, 0.0) + grant
+            del s.asks[child_id]
+            run.emit("budget_granted", {"child": child_id, "amount": grant, "verdict": "grant"})
+            self._answer(child_id, ask.seq, "grant", amount=grant)
+        if not s.asks:
+            if s.paused_for_children and s.phase == "reached":
+                s.phase, s.paused_for_children = "spending", False
+                self._resume()
+            return
+        if self.asks_parent():
+            if s.asking is None:  # ask this run's own parent for what its children need
+                room = max(self.available() - s.finish_reserve, 0.0)
+                need = sum(a.need for a in s.asks.values()) - room
+                run.spawn(self._send_ask(self._ask(max(need, 0.0))))
+            return
+        verdict = self._limit_verdict()
+        if verdict != "pause":
+            self._deny_all(verdict, "the parent run is at its own limit")
+        elif s.phase != "reached":
+            s.paused_for_children = True
+            data = {"spent": run.state.usage.cost_usd, "limit": s.limit, "then": "pause"}
+            self._reach({**data, "asked_by": list(s.asks)})
+
+    def _limit_verdict(self) -> str:
+        budget = self.run.input.budget or Budget()
+        return budget.on_limit
+
+    def _deny_all(self, verdict: str, reason: str) -> None:
+        s = self.state
+        assert s is not None
+        verdict = "fail" if verdict == "fail" else "finish"
+        for child_id, ask in list(s.asks.items()):
+            del s.asks[child_id]
+            self.run.emit("budget_granted", {"child": child_id, "verdict": verdict})
+            self._answer(child_id, ask.seq, verdict, reason)
+
+    def _answer(
+        self, child_id: str, seq: int, verdict: Any, reason: str = "", *, amount: float = 0.0
+    ) -> None:
+        answer = BudgetAnswer(seq=seq, verdict=verdict, amount=amount, reason=reason)
+        self.run.spawn(signal_workflow(child_id, ANSWER_SIGNAL, answer))
+
+    def close(self) -> None:
+        """This run ends: children still waiting for an answer make their last call."""
+        s = self.state
+        if s is not None and s.asks:
+            self._deny_all("finish", "the parent run has ended")
 
 
 def _tighter(a: int | None, b: int | None) -> int | None:

@@ -199,6 +199,7 @@ class SubagentTool(ToolKind):
                 budget=Spend(run).child_budget(
                     capability.budget, child_id, parts=capability.max_concurrent
                 ),
+                budget_from=Spend(run).budget_from(),
                 extra_instructions=run.input.extra_instructions,
                 context=run.input.context,
                 run_path=run.state.run_path,
