@@ -38,8 +38,9 @@ from relaykit.runs import (
 from relaykit.search_attributes import RELAY_AGENT, RELAY_COST_USD, RELAY_STATUS, RELAY_TOKENS
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
+from relaykit.workflows.budget_plan import ANSWER_SIGNAL, ASK_SIGNAL
 from relaykit.workflows.loop import TurnLoop
-from relaykit.workflows.spend import ANSWER_SIGNAL, ASK_SIGNAL, Spend
+from relaykit.workflows.spend import Spend
 from relaykit.workflows.subagent_tasks import REPORT_SIGNAL, send_report
 
 NO_INPUT = RawValue(Payload())

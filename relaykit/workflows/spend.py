@@ -1,93 +1,42 @@
-"""A run's dollar budget (``Budget(max_usd=...)``): planned before each call, reserved before each
-fan-out, and what happens at the limit.
+"""A run's dollar budget (``Budget(max_usd=...)``): what the run may still *start* (what a call
+cost is decided by the model activity that made it, :mod:`relaykit.pricing`). docs/budgets.md
+says it for users; the arithmetic and the messages are :mod:`relaykit.workflows.budget_plan`.
 
-What a call *cost* is decided by the model activity that made it (:mod:`relaykit.pricing`) and
-arrives in the run's usage; this module decides what the run may still *start*:
-
-- **Prices**, once per run: at its first workflow task the run prices the models it can reach
-  (its agent, handoff targets, agent tools, subagents) and records them through the
-  ``relaykit.record_decisions`` local activity, so a replay plans with the prices the run
-  planned with, whatever table today's worker has. A model without a price refuses the start
-  (``UnpricedModel``) unless ``Budget(unpriced="free")``.
-- **Each call's worst case** must fit what remains (the limit, less what was spent, less what
-  children hold, less the reserve kept for a last answer): its known input (the stored prefix
-  the last call ended with, ``known_input``, plus what the request sends inline, at two bytes a
-  token) at the input price, plus its output limit at the output price. The output limit is
-  cut to what the money left pays for (``ModelRequest.output_cap``), so a call never costs
-  more than it was allowed.
-- **A fan-out** (agent tool, subagent) is given a reservation: ``Budget.child_share`` of what
-  remains, by default an equal part among the children that may run at once and the parent.
-  The child's own limit is that reservation, and it counts as spent by the parent until the
-  child ends; then its real cost replaces it (in the same workflow step), so children running
-  at once can never overspend together.
+- **Prices**, recorded once at the run's first workflow task (the ``relaykit.record_decisions``
+  local activity), so a replay plans with them whatever today's table says.
+- **Each call's worst case** must fit what remains (the limit, less what was spent, what
+  children hold and the reserve kept for a last answer); its output is cut to what that pays.
+- **A fan-out** is given a reservation (``Budget.child_share`` of what remains), counted as
+  spent by the parent until the child ends and its real cost replaces it.
 - **At the limit**, ``Budget.on_limit``: ``"pause"`` waits in ``budget_reached`` (no timer, no
-  activity: it costs nothing) until a person raises the limit (the ``set_budget`` update) or
-  asks for the last answer; ``"finish"`` makes that last call at once: no tools, a reminder to
-  answer with what it has, paid from the reserve; ``"fail"`` ends the run with
-  ``BudgetExceeded`` naming the spend and the limit.
-- **The tree**: a child at its reservation asks its parent (the ``budget_ask`` signal, by
-  workflow id; the answer is the ``budget_answer`` signal back). The parent grants from what it
-  has left (the child's share of it, at least what the child's next call needs; the grant
-  counts as reserved by the parent), or, when that does not fit, it is at its own limit: a
-  child asks its own parent in turn, a root applies its ``on_limit`` (``"pause"``: the root
-  waits in ``budget_reached`` and its children in ``waiting_parent_budget`` until a person
-  raises the root's limit; ``"finish"``/``"fail"``: the child makes its last call, or fails).
-  Asks are answered one at a time, in the order they came, inside signal handlers, so children
-  asking at once never overspend together. A parent that has ended is told nothing new: the
-  child's ask fails to send, or the parent's end answered it, and the child makes its last
-  call; a parent that never takes the ask (no ``wait`` within :data:`ASK_TIMEOUT`) does too.
+  activity) for a person (the ``set_budget`` update); ``"finish"`` makes one last call without
+  tools, paid from the reserve; ``"fail"`` ends the run with ``BudgetExceeded``.
+- **The tree**: a child at its reservation asks its parent, which grants from what it has left
+  (the grant counts as reserved by it) or is at its own limit: a child asks its own parent in
+  turn, a root applies its ``on_limit`` (``"pause"``: the whole tree waits for a person).
+  Asks are answered one at a time in signal handlers, in the order they came, so children
+  asking at once never overspend together. A parent that has ended, or never takes the ask,
+  leaves the child its last call.
 
-All of it lives in ``RunState.spend``, which continue-as-new carries (with children's asks not
-answered yet). Runs started before
-``relaykit.run-setup.v3`` (``RunSetup.dollar_budgets`` off) never come here; runs whose start
-did not record :data:`GRANTS_CHOICE` (``SpendState.grants`` off) neither ask nor grant.
-
-Workflow code: deterministic, no I/O (the prices are recorded by a local activity).
+All of it is ``RunState.spend``, which continue-as-new carries (asks not answered too). Runs
+before ``relaykit.run-setup.v3`` never come here; runs that did not record ``GRANTS_CHOICE``
+(``SpendState.grants``) neither ask nor grant. Workflow code: deterministic, no I/O.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
 
 from relaykit import errors
-from relaykit.agent import Agent, AgentTool, Budget, as_handoff
-from relaykit.messages import Message
+from relaykit.agent import Budget
 from relaykit.models.spec import ModelRequest
 from relaykit.runs import RECORD_DECISIONS_ACTIVITY, BudgetAnswer, BudgetAsk, SpendState
-from relaykit.workflows.run_state import Run, signal_workflow
-
-DEFAULT_OUTPUT_ALLOWANCE = 4096
-"""The output limit a call plans with when its agent sets no ``max_tokens``."""
-MIN_OUTPUT = 256
-"""A call that could not write this many tokens (or its own smaller limit) is not started."""
-MIN_FINAL_OUTPUT = 32
-"""The last answer's floor: below it the run has nothing left to answer with."""
-BYTES_PER_TOKEN = 2
-"""What the estimate of text not yet counted by a provider assumes (fewer than any tokenizer
-of English, so the estimate errs high)."""
-ASK_SIGNAL = "budget_ask"
-"""Signal a child sends its parent at its reservation (payload :class:`BudgetAsk`)."""
-ANSWER_SIGNAL = "budget_answer"
-"""Signal a parent sends the child back (payload :class:`BudgetAnswer`)."""
-ASK_TIMEOUT = timedelta(minutes=10)
-"""How long a child waits for its parent to take an ask (answer, or say ``wait``); after
-that it makes its last call, as with a parent that has ended."""
-GRANTS_CHOICE = "relaykit.budget-grants"
-"""Recorded with the prices at a run's start (the same local activity, no marker of its own):
-this run's children ask it, and it asks its parent (``SpendState.grants``)."""
-FINAL_REMINDER = (
-    "The budget for this run is spent. Do not call tools: answer now, as well as you can, with "
-    "what you have found so far, and say what is left undone."
-)
-
-
-def usd(amount: float) -> str:
-    return f"${amount:.4f}" if amount < 1 else f"${amount:,.2f}"
+from relaykit.workflows import budget_plan as plan
+from relaykit.workflows.budget_plan import ASK_TIMEOUT, usd
+from relaykit.workflows.run_state import Run
 
 
 class Spend:
@@ -110,36 +59,13 @@ class Spend:
             return
         if not run.setup_flag("dollar_budgets"):
             return
-        planned: list[str] = []
-        # The table is read-only data: imported (on first use) outside the sandbox, once.
-        with workflow.unsafe.imports_passed_through():
-            from relaykit.pricing import price_of
-
-            for label, spec in reachable_models(run).items():
-                price, _source = price_of(spec, at=workflow.now())
-                row = None if price is None else [price.input, price.cached_input, price.output]
-                planned.append(json.dumps([label, row]))
-        planned.append(json.dumps([GRANTS_CHOICE, None]))
         recorded: list[str] = await workflow.execute_local_activity(
             RECORD_DECISIONS_ACTIVITY,
-            planned,
+            plan.planned_prices(run),
             result_type=list[str],
             start_to_close_timeout=timedelta(seconds=10),
         )
-        prices: dict[str, list[float]] = {}
-        unpriced: list[str] = []
-        grants = False  # runs recorded before the choice
-        for code in recorded:
-            label, row = json.loads(code)
-            if label == GRANTS_CHOICE:
-                grants = True
-                continue
-            if row is None:
-                unpriced.append(label)
-                row = [0.0, 0.0, 0.0]
-            p_in, p_cached, p_out = (float(v) if v is not None else None for v in row)
-            assert p_in is not None and p_out is not None
-            prices[label] = [p_in, p_in if p_cached is None else p_cached, p_out]
+        prices, unpriced, grants = plan.read_prices(recorded)
         if unpriced and budget.unpriced != "free":
             run.fail(
                 f"this run has a dollar limit ({usd(budget.max_usd)}) but no price is known for "
@@ -170,18 +96,22 @@ class Spend:
             return request
         while True:
             if s.phase == "finishing":  # the last call: no tools, the reserve too
-                fitted = self.fit(request, self.available(), MIN_FINAL_OUTPUT)
+                fitted = self.fit(request, self.available(), plan.MIN_FINAL_OUTPUT)
                 if fitted is None:
                     return self._fail(request)
                 s.phase = "finished"
-                return fitted.model_copy(update={"final_call": True, "reminder": FINAL_REMINDER})
+                return fitted.model_copy(
+                    update={"final_call": True, "reminder": plan.FINAL_REMINDER}
+                )
             if s.phase != "reached":  # (waiting at the limit: for a person or children's asks)
                 room = self.available() - s.finish_reserve
-                fitted = self.fit(request, room, MIN_OUTPUT)
+                fitted = self.fit(request, room, plan.MIN_OUTPUT)
                 if fitted is not None:
                     return fitted
                 if self.asks_parent():
-                    verdict = await self.ask_parent(self.shortfall(request, room))
+                    price = s.prices.get(request.model.label) or self._unplanned(request)
+                    need = plan.shortfall(request, price, s.known_input, room)
+                    verdict = await self.ask_parent(need)
                     if verdict == "fail":
                         self._fail(request)
                     if verdict != "grant":
@@ -190,43 +120,12 @@ class Spend:
             await self._at_limit(request)
 
     def fit(self, request: ModelRequest, room: float, floor: int) -> ModelRequest | None:
-        """``request`` with the output limit ``room`` dollars pay for, or ``None`` when its
-        input and ``floor`` output tokens (or its own smaller limit) do not fit."""
+        """``request`` with the output limit ``room`` dollars pay for, or ``None``."""
         s = self.state
         assert s is not None
-        p_in, _cached, p_out = s.prices.get(request.model.label) or self._unplanned(request)
-        input_cost = self.input_tokens(request) * p_in / 1_000_000
-        own = request.settings.max_tokens or DEFAULT_OUTPUT_ALLOWANCE
-        if p_out > 0:
-            affordable = math.floor((room - input_cost) * 1_000_000 / p_out)
-        else:
-            affordable = own if room >= input_cost else -1
-        cap = min(own, affordable)
-        if cap < min(floor, own):
-            return None
-        return request.model_copy(update={"output_cap": cap})
-
-    def shortfall(self, request: ModelRequest, room: float) -> float:
-        """What ``request`` needs beyond ``room`` to be started (its input and the least
-        output a call is started with)."""
-        s = self.state
-        assert s is not None
-        p_in, _cached, p_out = s.prices.get(request.model.label) or self._unplanned(request)
-        own = request.settings.max_tokens or DEFAULT_OUTPUT_ALLOWANCE
-        cost = (self.input_tokens(request) * p_in + min(MIN_OUTPUT, own) * p_out) / 1_000_000
-        return max(cost - room, 0.0)
-
-    def input_tokens(self, request: ModelRequest) -> int:
-        """The call's known input: the stored prefix's tokens as the last call counted them,
-        plus an over-estimate of what it sends inline."""
-        s = self.state
-        assert s is not None
-        size = len(request.system.encode()) + len((request.reminder or "").encode())
-        size += sum(_message_bytes(m) for m in request.messages)
-        if request.tools:
-            size += len(json.dumps([t.model_dump(mode="json") for t in request.tools]))
-        known = s.known_input if request.base_ref or request.static_ref else 0
-        return known + size // BYTES_PER_TOKEN + 16
+        price = s.prices.get(request.model.label) or self._unplanned(request)
+        cap = plan.output_cap(request, price, s.known_input, room, floor)
+        return None if cap is None else request.model_copy(update={"output_cap": cap})
 
     def after_call(self, input_tokens: int, output_tokens: int) -> None:
         """What the stored prefix now holds, for the next call's estimate."""
@@ -270,18 +169,14 @@ class Spend:
 
     def _reach(self, data: dict[str, Any]) -> None:
         """Wait at the limit for a person (``budget_reached``)."""
-        run, s = self.run, self.state
-        assert s is not None
-        s.phase = "reached"
+        self.state.phase = "reached"  # type: ignore[union-attr]
         self._hold_status("budget_reached")
-        run.emit("budget_reached", data)
+        self.run.emit("budget_reached", data)
 
     def _hold_status(self, status: str) -> None:
-        run, s = self.run, self.state
-        assert s is not None
-        if run.state.status not in ("budget_reached", "waiting_parent_budget"):
-            s.resume_status = run.state.status
-        run.set_status(status)
+        if self.run.state.status not in ("budget_reached", "waiting_parent_budget"):
+            self.state.resume_status = self.run.state.status  # type: ignore[union-attr]
+        self.run.set_status(status)
 
     def _resume(self) -> None:
         """Stop waiting for money: the status it had before."""
@@ -335,19 +230,7 @@ class Spend:
         mine = run.input.budget
         if mine is None:
             return child
-        used = run.state.usage
-        left_tokens = (
-            None
-            if mine.max_total_tokens is None
-            else max(mine.max_total_tokens - used.total_tokens, 0)
-        )
-        left_requests = (
-            None if mine.max_requests is None else max(mine.max_requests - used.requests, 0)
-        )
-        budget = Budget(
-            max_total_tokens=_tighter(child.max_total_tokens if child else None, left_tokens),
-            max_requests=_tighter(child.max_requests if child else None, left_requests),
-        )
+        budget = plan.tightened(child, mine, run.state.usage)
         s = self.state
         if s is None:
             return budget
@@ -370,8 +253,7 @@ class Spend:
 
     def budget_from(self) -> str | None:
         """What a child's ``RunInput.budget_from`` is: this run, when it grants."""
-        s = self.state
-        return workflow.info().workflow_id if s is not None and s.grants else None
+        return workflow.info().workflow_id if self.state and self.state.grants else None
 
     def release(self, child_id: str) -> None:
         """A child ended: what it held returns (its cost arrives with its usage, in the same
@@ -386,8 +268,7 @@ class Spend:
     # --- the tree: a child asks, its parent answers ---------------------------------------------
 
     def asks_parent(self) -> bool:
-        s = self.state
-        return s is not None and s.grants and self.run.input.budget_from is not None
+        return bool(self.state and self.state.grants and self.run.input.budget_from)
 
     async def ask_parent(self, need: float) -> str:
         """Ask the parent for ``need`` dollars (or more) and wait for its answer: ``grant``
@@ -402,9 +283,8 @@ class Spend:
                 await workflow.wait_condition(
                     lambda: s.asking != seq or s.acknowledged, timeout=ASK_TIMEOUT
                 )
-            except TimeoutError:
-                reason = f"the parent run did not take the ask within {ASK_TIMEOUT}"
-                self.on_answer(BudgetAnswer(seq=seq, verdict="finish", reason=reason))
+            except TimeoutError:  # the parent never took it: as if it had ended
+                self.on_answer(BudgetAnswer(seq=seq, verdict="finish", reason="no answer"))
         await workflow.wait_condition(lambda: s.asking != seq)
         return s.verdict or "finish"
 
@@ -416,22 +296,17 @@ class Spend:
         s.asking, s.acknowledged, s.verdict = s.asked, False, None
         spent = run.state.usage.cost_usd
         self._hold_status("waiting_parent_budget")
-        run.emit(
-            "budget_asked",
-            {"parent": run.input.budget_from, "need": need, "spent": spent, "limit": s.limit},
-        )
+        data = {"parent": run.input.budget_from, "need": need, "spent": spent, "limit": s.limit}
+        run.emit("budget_asked", data)
         return BudgetAsk(
             workflow_id=workflow.info().workflow_id, seq=s.asked, need=need, spent=spent
         )
 
     async def _send_ask(self, ask: BudgetAsk) -> None:
-        parent = self.run.input.budget_from
-        assert parent is not None
-        try:
-            await workflow.get_external_workflow_handle(parent).signal(ASK_SIGNAL, ask)
-        except Exception as exc:  # noqa: BLE001 - the parent has ended: nothing more to ask
-            reason = f"the parent run {parent} cannot be asked: {exc}"
-            self.on_answer(BudgetAnswer(seq=ask.seq, verdict="finish", reason=reason))
+        assert self.run.input.budget_from is not None
+        gone = await plan.send_ask(self.run.input.budget_from, ask)
+        if gone is not None:  # the parent has ended: the last call
+            self.on_answer(BudgetAnswer(seq=ask.seq, verdict="finish", reason=gone))
 
     def on_answer(self, answer: BudgetAnswer) -> None:
         """The parent's answer (signal handler); one to an ask no longer open is ignored."""
@@ -460,7 +335,7 @@ class Spend:
         s = self.state
         if s is None or not s.grants or ask.workflow_id not in s.reserved:
             # not a child holding a reservation here (it ended, or never was): nothing more
-            self._answer(ask.workflow_id, ask.seq, "finish", "no reservation of this run")
+            plan.send_answer(self.run, ask.workflow_id, ask.seq, "finish", "not held here")
             return
         known = s.asks.get(ask.workflow_id)
         if known is not None and known.seq >= ask.seq:
@@ -468,7 +343,7 @@ class Spend:
         s.asks[ask.workflow_id] = ask
         self.serve_asks()
         if ask.workflow_id in s.asks:  # it waits with this run: no timeout for it
-            self._answer(ask.workflow_id, ask.seq, "wait")
+            plan.send_answer(self.run, ask.workflow_id, ask.seq, "wait")
 
     def serve_asks(self) -> None:
         """Answer children's asks from what this run has left, in the order they came; what
@@ -477,17 +352,20 @@ class Spend:
         if s is None or not s.asks:
             return
         if s.phase in ("finishing", "finished"):
-            self._deny_all(self._limit_verdict(), "the parent run is making its last call")
+            self._deny_all(
+                (self.run.input.budget or Budget()).on_limit,
+                "the parent run is making its last call",
+            )
             return
         for child_id, ask in list(s.asks.items()):
             room = self.available() - s.finish_reserve
-            if room < ask.need or room <= 0:
+            grant = plan.grant_for(room, ask.need, s.shares.get(child_id, 0.5))
+            if grant is None:
                 break  # first come, first served: a later ask does not overtake this one
-            grant = min(room, max(ask.need, room * s.shares.get(child_id, 0.5)))
             s.reserved[child_id] = s.reserved.get(child_id, 0.0) + grant
             del s.asks[child_id]
             run.emit("budget_granted", {"child": child_id, "amount": grant, "verdict": "grant"})
-            self._answer(child_id, ask.seq, "grant", amount=grant)
+            plan.send_answer(run, child_id, ask.seq, "grant", amount=grant)
         if not s.asks:
             if s.paused_for_children and s.phase == "reached":
                 s.phase, s.paused_for_children = "spending", False
@@ -499,17 +377,12 @@ class Spend:
                 need = sum(a.need for a in s.asks.values()) - room
                 run.spawn(self._send_ask(self._ask(max(need, 0.0))))
             return
-        verdict = self._limit_verdict()
+        verdict = (self.run.input.budget or Budget()).on_limit
         if verdict != "pause":
             self._deny_all(verdict, "the parent run is at its own limit")
         elif s.phase != "reached":
             s.paused_for_children = True
-            data = {"spent": run.state.usage.cost_usd, "limit": s.limit, "then": "pause"}
-            self._reach({**data, "asked_by": list(s.asks)})
-
-    def _limit_verdict(self) -> str:
-        budget = self.run.input.budget or Budget()
-        return budget.on_limit
+            self._reach({"spent": run.state.usage.cost_usd, "limit": s.limit, "then": "pause"})
 
     def _deny_all(self, verdict: str, reason: str) -> None:
         s = self.state
@@ -518,49 +391,10 @@ class Spend:
         for child_id, ask in list(s.asks.items()):
             del s.asks[child_id]
             self.run.emit("budget_granted", {"child": child_id, "verdict": verdict})
-            self._answer(child_id, ask.seq, verdict, reason)
-
-    def _answer(
-        self, child_id: str, seq: int, verdict: Any, reason: str = "", *, amount: float = 0.0
-    ) -> None:
-        answer = BudgetAnswer(seq=seq, verdict=verdict, amount=amount, reason=reason)
-        self.run.spawn(signal_workflow(child_id, ANSWER_SIGNAL, answer))
+            plan.send_answer(self.run, child_id, ask.seq, verdict, reason)
 
     def close(self) -> None:
         """This run ends: children still waiting for an answer make their last call."""
         s = self.state
         if s is not None and s.asks:
             self._deny_all("finish", "the parent run has ended")
-
-
-def _tighter(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _message_bytes(message: Message) -> int:
-    size = len((message.content or "").encode()) + 8
-    for call in message.tool_calls:
-        size += len(call.name) + len((call.arguments or "").encode()) + 8
-    return size
-
-
-def reachable_models(run: Run) -> dict[str, Any]:
-    """The models of the agents a run can reach from its current agent: handoff targets,
-    agent tools and subagents, transitively."""
-    graph = run.graph
-    models: dict[str, Any] = {}
-    seen: set[str] = set()
-    todo: list[Agent] = [run.current_agent]
-    while todo:
-        agent = todo.pop()
-        if agent.name in seen:
-            continue
-        seen.add(agent.name)
-        agent = graph.agents.get(agent.name, agent)
-        spec = graph.model_for(agent)
-        models.setdefault(spec.label, spec)
-        todo.extend(as_handoff(entry).target for entry in agent.handoffs)
-        todo.extend(t.agent for t in agent.tools if isinstance(t, AgentTool))
-        if agent.subagents is not None:
-            todo.extend(agent.subagents.agents or [graph.subagent_clone(agent)])
-    return models
