@@ -42,6 +42,7 @@ from relaykit import (
     ModelSettings,
     ModelSpec,
     Price,
+    Subagents,
     ToolContext,
     tool,
 )
@@ -283,3 +284,12 @@ crash_priced = Agent(
     model_settings=ModelSettings(max_tokens=1000),
 )
 """Every call of it costs its tokens in millionths of a dollar (the dollar-budget tests)."""
+
+crash_priced_lead = Agent(
+    name="crash_priced_lead",
+    instructions="Start a crash_priced subagent, wait for it, then answer.",
+    model=MODEL.model_copy(update={"price": Price(input=1.0, output=1.0)}),
+    model_settings=ModelSettings(max_tokens=1000),
+    subagents=Subagents([crash_priced], max_concurrent=1, max_turns=20),
+)
+"""A priced lead whose subagent outgrows its reservation (the budget-tree tests)."""

@@ -215,11 +215,10 @@ class Spend:
         elif s.phase in ("reached", "finished"):
             s.phase = "spending"  # the next call is checked against the new limit
         run.emit("budget_changed", change)
-        if s.grants:
-            if s.paused_for_children and s.phase != "reached":
-                s.paused_for_children = False
-                self._resume()
-            self.serve_asks()
+        if s.grants and s.paused_for_children and s.phase != "reached":
+            s.paused_for_children = False
+            self._resume()
+        self.serve_asks()  # (children's asks, which only runs that grant have)
 
     # --- fan-out: reservations ----------------------------------------------------------------
 
@@ -275,10 +274,12 @@ class Spend:
         (the limit is raised already), ``finish`` or ``fail``."""
         run, s = self.run, self.state
         assert s is not None and run.input.budget_from is not None
-        if s.asking is None:
-            await self._send_ask(self._ask(need))
         seq = s.asking
-        if seq is not None and not s.acknowledged:
+        if seq is None:
+            ask = self._ask(need)
+            seq = ask.seq
+            await self._send_ask(ask)  # (an ended parent answers at once)
+        if s.asking == seq and not s.acknowledged:
             try:
                 await workflow.wait_condition(
                     lambda: s.asking != seq or s.acknowledged, timeout=ASK_TIMEOUT
@@ -334,8 +335,7 @@ class Spend:
         """A child at its reservation asks (signal handler)."""
         s = self.state
         if s is None or not s.grants or ask.workflow_id not in s.reserved:
-            # not a child holding a reservation here (it ended, or never was): nothing more
-            plan.send_answer(self.run, ask.workflow_id, ask.seq, "finish", "not held here")
+            plan.send_answer(self.run, ask.workflow_id, ask.seq, "finish", "no reservation here")
             return
         known = s.asks.get(ask.workflow_id)
         if known is not None and known.seq >= ask.seq:
