@@ -131,8 +131,8 @@ async def test_a_parent_whose_budget_fails_makes_its_asking_child_fail_typed(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
     # The lead gives its one digger most of what it has (child_share=0.8): when the digger has
-    # also had the rest and asks for more, there is nothing left, and the lead's on_limit="fail" fails the digger with
-    # BudgetExceeded; the lead reads the failed report.
+    # had the rest too and asks for more, nothing is left, and the lead's on_limit="fail"
+    # fails the digger with BudgetExceeded; the lead reads the failed report.
     sub_model, lead_model = priced_model(model_server), priced_model(model_server)
     model_server.respond(sub_model.name, digging(12, 2000))
     model_server.script(
