@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from relaykit import Agent, Budget, RunFailed, Subagents, get_run, start_run
+from relaykit import Agent, Budget, ModelSettings, RunFailed, Subagents, get_run, start_run
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step, call, text
 from tests.support import serving
-from tests.test_budgets import SMALL, look, priced_model, spend
+from tests.test_budgets import SMALL, look, priced_model, spend, wait_for_status
 
 
 def digging(calls: int, tokens: int) -> Any:
@@ -27,11 +27,13 @@ def digging(calls: int, tokens: int) -> Any:
     return respond
 
 
-def lead_agent(lead_model: Any, digger: Agent, *, max_concurrent: int) -> Agent:
+def lead_agent(
+    lead_model: Any, digger: Agent, *, max_concurrent: int, settings: Any = SMALL
+) -> Agent:
     return Agent(
         name="lead",
         model=lead_model,
-        model_settings=SMALL,
+        model_settings=settings,
         subagents=Subagents([digger], max_concurrent=max_concurrent, max_turns=30),
     )
 
@@ -252,3 +254,115 @@ async def test_a_tree_paused_at_the_roots_limit_survives_a_worker_kill_and_goes_
     assert (await child.result()).output == "counted"
     assert rig.tool_calls() == {f"quick {n}": 1 for n in range(1, 11)}  # none ran twice
     assert result.usage.cost_usd <= 0.06
+
+
+async def test_grants_nest_a_grandchild_asks_its_parent_which_asks_its_own(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # lead → subagent "middle" → agent tool "digger": the digger outgrows the reservation the
+    # middle gave it, the middle has too little left and asks the lead, and the lead's grant
+    # reaches the digger through the middle.
+    dig_model, mid_model, lead_model = (priced_model(model_server) for _ in range(3))
+    model_server.respond(dig_model.name, digging(16, 2000))
+    model_server.respond(
+        mid_model.name,
+        lambda r: (
+            spend(100, text("middle done"))
+            if r.tool_results
+            else spend(100, call("ask_digger", input="dig deep"))
+        ),
+    )
+    model_server.script(
+        lead_model.name,
+        [
+            spend(100, call("spawn_subagent", prompt="delegate")),
+            spend(100, call("wait_subagents", timeout_seconds=120)),
+            spend(100, text("done")),
+        ],
+    )
+    digger = Agent(name="digger", model=dig_model, tools=[look], model_settings=SMALL)
+    middle = Agent(name="middle", model=mid_model, tools=[digger.as_tool()], model_settings=SMALL)
+    lead = lead_agent(lead_model, middle, max_concurrent=1)
+    async with serving(client, lead) as worker:
+        handle = await start_run(
+            client, lead, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.05)
+        )
+        result = await asyncio.wait_for(handle.result(), 90)
+        mid = get_run(client, f"{handle.id}/task-1")
+        mid_events = await mid.events()
+        dig_events = await get_run(client, f"{mid.id}/digger-1").events()
+    assert result.output == "done"
+    assert result.usage.cost_usd <= 0.05
+    assert len(model_server.requests(dig_model.name)) == 17  # every look-up, the report
+    asked = [e.data for e in mid_events if e.kind == "budget_asked"]
+    assert asked and asked[0]["parent"] == handle.id  # the middle asked the lead
+    from_lead = [e.data for e in mid_events if e.kind == "budget_granted" and "from" in e.data]
+    to_digger = [e.data for e in mid_events if e.kind == "budget_granted" and "child" in e.data]
+    assert from_lead and all(d["verdict"] == "grant" for d in from_lead)
+    assert to_digger and all(d["verdict"] == "grant" for d in to_digger)
+    got = [e.data for e in dig_events if e.kind == "budget_granted"]
+    assert got and all(d["verdict"] == "grant" for d in got)
+
+
+async def test_a_root_that_continues_as_new_while_paused_carries_its_childrens_asks(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The lead polls its tasks one second at a time and continues as new after every turn:
+    # asks it took before a continue-as-new are answered by the run after it, on the raise.
+    sub_model, lead_model = priced_model(model_server), priced_model(model_server)
+    model_server.respond(sub_model.name, digging(12, 2000))
+
+    def lead_step(request: ScriptedRequest) -> Step:
+        called = {
+            c.get("function", {}).get("name")
+            for m in request.messages
+            for c in m.get("tool_calls") or []
+        }
+        if "spawn_subagent" not in called:
+            return spend(100, call("spawn_subagent", prompt="dig"))
+        if "digger] finished" in str(request.messages):
+            return spend(100, text("done"))
+        return spend(100, call("wait_subagents", timeout_seconds=1))
+
+    model_server.respond(lead_model.name, lead_step)
+    digger = Agent(name="digger", model=sub_model, tools=[look], model_settings=SMALL)
+    # the lead's own calls are cheap (50 output tokens): only its child's ask waits
+    lead = lead_agent(lead_model, digger, max_concurrent=1, settings=ModelSettings(max_tokens=50))
+    async with serving(client, lead) as worker:
+        handle = await start_run(
+            client,
+            lead,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.02),
+            continue_as_new_after_turns=1,
+        )
+        child = get_run(client, f"{handle.id}/task-1")
+        await wait_for_status(handle, "budget_reached", timeout=90)
+        await wait_for_status(child, "waiting_parent_budget", timeout=30)
+        paused_in = await _continued(handle)
+        await wait_for_continue_as_new(handle, paused_in)
+        await handle.set_budget(raise_by=0.1, by="ana")
+        result = await asyncio.wait_for(handle.result(), 90)
+        kinds = [e.kind for e in await handle.events()]
+    # the lead waited at its limit, continued as new with the digger's ask, and granted it then
+    reached = kinds.index("budget_reached")
+    assert "continued_as_new" in kinds[reached:]
+    assert kinds.index("budget_granted", reached) > kinds.index("continued_as_new", reached)
+    assert result.output == "done"
+    assert (await child.result()).output == "dug dig"
+    assert result.usage.cost_usd <= 0.12
+
+
+async def _continued(handle: Any) -> int:
+    return sum(e.kind == "continued_as_new" for e in await handle.events())
+
+
+async def wait_for_continue_as_new(handle: Any, seen: int) -> None:
+    """Until the run has continued as new once more than ``seen`` times."""
+
+    async def poll() -> None:
+        while await _continued(handle) <= seen:
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(poll(), 30)
