@@ -44,7 +44,8 @@ RELAY_AGENT: Final = SearchAttributeKey.for_keyword("RelayAgent")
 
 RELAY_STATUS: Final = SearchAttributeKey.for_keyword("RelayStatus")
 """The run's status: ``running``, ``waiting_approval``, ``paused``, ``budget_reached``,
-``completed``, ``failed`` or ``cancelled`` (the values of :data:`relaykit.runs.RunStatus`)."""
+``waiting_parent_budget`` (a child run waiting for its parent to grant more), ``completed``,
+``failed`` or ``cancelled`` (the values of :data:`relaykit.runs.RunStatus`)."""
 
 RELAY_TOKENS: Final = SearchAttributeKey.for_int("RelayTokens")
 """Tokens used so far (input + output, children included)."""
