@@ -336,6 +336,10 @@ class BudgetView(BaseModel):
     spent: float
     reserved: float = 0.0
     phase: str = "spending"
+    """``spending``, ``reached`` (waits for a person), ``finishing``, ``finished``, or
+    ``waiting_for_parent`` (a child run waits for its parent to grant more)."""
+    parent: str | None = None
+    """The run a child asks for more at its limit (``waiting_for_parent``: the one it waits for)."""
 
 
 class RepeatedCall(BaseModel):

@@ -119,6 +119,7 @@ async def test_concurrent_subagents_asking_with_too_little_left_pause_the_tree_u
         assert spent <= 0.02  # what the tree spent so far, the children's own included
         for state in states:
             assert state.budget is not None and state.budget.phase == "waiting_for_parent"
+            assert state.budget.parent == handle.id
         view = await handle.set_budget(raise_by=0.1, by="ana")
         assert view.limit == pytest.approx(0.12)
         result = await asyncio.wait_for(handle.result(), 90)

@@ -299,6 +299,12 @@ async def pending(
             f"budget reached: spent {format_usd(budget.spent)} of {format_usd(budget.limit)}; "
             f"`relaykit budget {run_id} --raise AMOUNT`, `--finish` or `--cancel`"
         )
+    elif budget is not None and budget.phase == "waiting_for_parent":
+        print(
+            f"waiting for its parent's budget: spent {format_usd(budget.spent)} of "
+            f"{format_usd(budget.limit)}, asked {budget.parent} for more; a raise of the root "
+            "run's limit (`relaykit budget ROOT --raise AMOUNT`) lets it go on"
+        )
     elif not approvals:
         err_console.print("no pending approvals")
     for item in approvals:

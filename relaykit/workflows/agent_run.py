@@ -155,7 +155,10 @@ class AgentRun:
         reserved = sum(spend.reserved.values())
         cost = self._loop.state.usage.cost_usd
         phase = spend.phase if spend.asking is None else "waiting_for_parent"
-        return BudgetView(limit=spend.limit, spent=cost, reserved=reserved, phase=phase)
+        parent = self._input.budget_from if spend.grants else None
+        return BudgetView(
+            limit=spend.limit, spent=cost, reserved=reserved, phase=phase, parent=parent
+        )
 
     @workflow.query
     def current_agent(self) -> str:
