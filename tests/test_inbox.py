@@ -276,6 +276,7 @@ async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox
             for method, path in (
                 ("GET", "/"),
                 ("GET", "/api/pending"),
+                ("GET", "/api/budgets"),
                 ("POST", "/api/decide"),
                 ("POST", "/decide"),
                 ("GET", "/nowhere"),
@@ -517,3 +518,33 @@ async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_re
     assert invocations == ["refund A-1"]
     assert results[0].output.startswith("billing: refunded 30")
     assert "the db is mid-migration" in results[1].output
+
+
+async def test_the_api_lists_a_run_waiting_at_its_dollar_limit_with_its_spend_and_limit(
+    client: Client, model_server: ScriptedModelServer, inbox: Inbox
+) -> None:
+    # GET /api/budgets: the runs a person may raise (relaykit budget RUN --raise ...).
+    from relaykit import Budget
+    from tests.test_budgets import SMALL, look, priced_model, spend
+
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [spend(4000, call("look", topic="a")), spend(4000, call("look", topic="b")), text("x")],
+    )
+    agent = Agent(name="inbox-budget", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker, httpx.AsyncClient(timeout=30) as http:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.006)
+        )
+
+        async def listed() -> dict[str, Any] | None:
+            response = await http.get(f"{inbox.url}/api/budgets", headers=inbox.auth)
+            assert response.status_code == 200, response.text
+            return next((w for w in response.json() if w["run_id"] == handle.id), None)
+
+        wait = await eventually(listed, "the run at its limit")
+        await handle.set_budget(raise_by=0.01, by="ana")
+        assert (await handle.result()).output == "x"
+    assert (wait["spent"], wait["limit"]) == (0.004, 0.006)
+    assert wait["ui_url"].endswith(handle.id)

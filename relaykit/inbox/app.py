@@ -7,6 +7,8 @@ Routes:
   ``{run_id, call_id, approve, reason?}``: 200 with what was decided, 400 for a malformed body,
   404 for an unknown run or call, 409 for a call answered already or a closed run, 503 when no
   worker serves the run;
+- ``GET /api/budgets``: root runs waiting at their dollar limit (``budget_reached``) as JSON,
+  each with what it spent and its limit (``relaykit budget RUN --raise …`` goes on with it);
 - ``GET /signin?token=…`` (the link ``relaykit inbox`` prints) and ``POST /signin`` (the form).
 
 While Temporal is unreachable, every route that asks it answers 503 (with ``Retry-After``): the
@@ -341,6 +343,13 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         }
         return secured(JSONResponse([item.model_dump(include=fields) for item in current.items]))
 
+    async def api_budgets(request: Request) -> Response:
+        refused = api_refused(request)
+        if refused is not None:
+            return refused
+        current = await listing()
+        return secured(JSONResponse([wait.model_dump() for wait in current.budgets]))
+
     async def api_decide(request: Request) -> Response:
         refused = api_refused(request)
         if refused is not None:
@@ -411,6 +420,7 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         Route("/signin", sign_in_link, methods=["GET"]),
         Route("/signin", sign_in_form, methods=["POST"]),
         Route("/api/pending", api_pending, methods=["GET"]),
+        Route("/api/budgets", api_budgets, methods=["GET"]),
         Route("/api/decide", api_decide, methods=["POST"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
