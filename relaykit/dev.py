@@ -26,7 +26,7 @@ from temporalio.client import Client
 
 from relaykit.agent import Agent
 from relaykit.client import connect
-from relaykit.devserver import DevServer, PortInUseError
+from relaykit.devserver import DEFAULT_PORT, DEFAULT_UI_URL, HOST, DevServer, PortInUseError
 from relaykit.errors import ConfigurationError
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec, parse_model
@@ -177,6 +177,13 @@ async def _serve(
     )
     await stack.enter_async_context(worker)
     console.print(f"Temporal UI: [bold]{server.ui_url}[/bold]  ·  frontend {server.address}")
+    if server.ui_url != DEFAULT_UI_URL or server.address != f"{HOST}:{DEFAULT_PORT}":
+        # other commands reach the default ports unless told: say how, or their links mislead
+        console.print(
+            f"in other shells: export TEMPORAL_ADDRESS={server.address} "
+            f"RELAYKIT_UI_URL={server.ui_url}",
+            highlight=False,
+        )
     console.print(
         f"worker on task queue [bold]{task_queue}[/bold] serving: "
         + ", ".join(sorted(worker.graph.agents))
