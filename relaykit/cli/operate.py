@@ -151,8 +151,17 @@ async def budget(
     print(
         f"spent {format_usd(view.spent)} of {format_usd(view.limit)}"
         + (f" ({format_usd(view.reserved)} held by child runs)" if view.reserved else "")
-        + ("" if view.phase == "spending" else f" · {view.phase.replace('_', ' ')}")
+        + ("" if view.phase == "spending" else f" · {_phase_words(view)}")
     )
+
+
+def _phase_words(view: Any) -> str:
+    """What a budget's phase means for the person reading it."""
+    if view.phase == "reached":
+        return "waiting at its limit: --raise, --set, --finish or --cancel"
+    if view.phase == "waiting_for_parent":
+        return f"waiting for its parent's budget ({view.parent}): raise the root run's limit"
+    return str(view.phase).replace("_", " ")
 
 
 async def serve_inbox(*, host: str, port: int, address: str | None, namespace: str | None) -> None:
