@@ -296,8 +296,9 @@ async def pending(
     budget = (await handle.state()).budget
     if budget is not None and budget.phase == "reached":  # waits for a person too
         print(
-            f"budget reached: spent {format_usd(budget.spent)} of {format_usd(budget.limit)}; "
-            f"`relaykit budget {run_id} --raise AMOUNT`, `--finish` or `--cancel`"
+            f"budget reached: spent {format_usd(budget.spent)} of {format_usd(budget.limit)}"
+            + (f" ({format_usd(budget.reserved)} held by child runs)" if budget.reserved else "")
+            + f"; `relaykit budget {run_id} --raise AMOUNT`, `--finish` or `--cancel`"
         )
     elif budget is not None and budget.phase == "waiting_for_parent":
         print(
