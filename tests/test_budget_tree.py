@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from relaykit import Agent, Budget, ModelSettings, RunFailed, Subagents, get_run, start_run
+from relaykit import Agent, Budget, Price, RunFailed, Subagents, get_run, start_run
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step, call, text
-from tests.support import serving
+from tests.support import scripted_model, serving
 from tests.test_budgets import SMALL, look, priced_model, spend, wait_for_status
 
 
@@ -27,13 +27,11 @@ def digging(calls: int, tokens: int) -> Any:
     return respond
 
 
-def lead_agent(
-    lead_model: Any, digger: Agent, *, max_concurrent: int, settings: Any = SMALL
-) -> Agent:
+def lead_agent(lead_model: Any, digger: Agent, *, max_concurrent: int) -> Agent:
     return Agent(
         name="lead",
         model=lead_model,
-        model_settings=settings,
+        model_settings=SMALL,
         subagents=Subagents([digger], max_concurrent=max_concurrent, max_turns=30),
     )
 
@@ -310,7 +308,9 @@ async def test_a_root_that_continues_as_new_while_paused_carries_its_childrens_a
 ) -> None:
     # The lead polls its tasks one second at a time and continues as new after every turn:
     # asks it took before a continue-as-new are answered by the run after it, on the raise.
-    sub_model, lead_model = priced_model(model_server), priced_model(model_server)
+    sub_model = priced_model(model_server)
+    # the lead's own calls are free: it never waits for itself, only for its child's ask
+    lead_model = scripted_model(model_server, price=Price(input=0, output=0))
     model_server.respond(sub_model.name, digging(12, 2000))
 
     def lead_step(request: ScriptedRequest) -> Step:
@@ -327,8 +327,7 @@ async def test_a_root_that_continues_as_new_while_paused_carries_its_childrens_a
 
     model_server.respond(lead_model.name, lead_step)
     digger = Agent(name="digger", model=sub_model, tools=[look], model_settings=SMALL)
-    # the lead's own calls are cheap (50 output tokens): only its child's ask waits
-    lead = lead_agent(lead_model, digger, max_concurrent=1, settings=ModelSettings(max_tokens=50))
+    lead = lead_agent(lead_model, digger, max_concurrent=1)
     async with serving(client, lead) as worker:
         handle = await start_run(
             client,
