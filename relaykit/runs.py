@@ -76,8 +76,8 @@ class Budget(BaseModel):
     case must fit what remains, and a child (agent tool, subagent) is given ``child_share`` of
     what remains (default: an equal part among the children that may run at once and the
     parent), returned when it ends; at its reservation a child asks its parent for more, which
-    grants from what it has left or is at its own limit. At the limit, ``on_limit``: ``"pause"`` waits for a person
-    (``relaykit budget``), ``"finish"`` makes one last call without tools for the best answer
+    grants from what it has left or is at its own limit. At the limit, ``on_limit``:
+    ``"pause"`` waits for a person (``relaykit budget``), ``"finish"`` makes one last call without tools for the best answer
     so far, paid from ``finish_reserve`` (a fraction of the limit kept for it), ``"fail"`` ends
     the run with ``BudgetExceeded``. A model without a known price makes such a run refuse to
     start, unless ``unpriced="free"`` counts its calls as free."""
