@@ -77,10 +77,11 @@ class Budget(BaseModel):
     what remains (default: an equal part among the children that may run at once and the
     parent), returned when it ends; at its reservation a child asks its parent for more, which
     grants from what it has left or is at its own limit. At the limit, ``on_limit``:
-    ``"pause"`` waits for a person (``relaykit budget``), ``"finish"`` makes one last call without tools for the best answer
-    so far, paid from ``finish_reserve`` (a fraction of the limit kept for it), ``"fail"`` ends
-    the run with ``BudgetExceeded``. A model without a known price makes such a run refuse to
-    start, unless ``unpriced="free"`` counts its calls as free."""
+    ``"pause"`` waits for a person (``relaykit budget``), ``"finish"`` makes one last call
+    without tools for the best answer so far, paid from ``finish_reserve`` (a fraction of the
+    limit kept for it), ``"fail"`` ends the run with ``BudgetExceeded``. A model without a
+    known price makes such a run refuse to start, unless ``unpriced="free"`` counts its calls
+    as free."""
 
     max_total_tokens: int | None = None
     max_requests: int | None = None
