@@ -79,6 +79,10 @@ class ToolKind:
     """Runs after the turn's other calls, and only the first of a turn runs (handoffs)."""
     approval_timeout: timedelta | None = None
     """How long a person may take to decide (``None``: no limit)."""
+    effect: str = "write"
+    """What a call does to the world (``"read"``, ``"idempotent"``, ``"write"``), as far as the
+    kind knows; an evaluation runs only unmatched ``"read"`` calls live
+    (:mod:`relaykit.workflows.eval_calls`). Kinds that do not declare one count as writes."""
     guard_patch: str = GUARD_PATCH
     """The patch id under which the loop guard refuses this kind's repeats (docs/replay.md)."""
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
