@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from xml.etree import ElementTree
@@ -15,17 +22,21 @@ import pytest
 from temporalio.client import Client
 
 from relaykit import start_run
-from relaykit.evals import EvalReport, EvalSource, evaluate, junit_xml, markdown
-from relaykit.testing.scripted_server import ScriptedModelServer
+from relaykit.devserver import DevServer, find_temporal_cli
+from relaykit.evals import EvalReport, EvalSource, evaluate, junit_xml, markdown, select_runs
+from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step
 from tests.eval_agents import (
     candidate_model,
     child_model,
     desk_agents,
     desk_model,
     recorded_model,
+    ticket_of,
     triage_agent,
 )
 from tests.support import scripted_model, serving, transcript_dir
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def executions(log: Path) -> collections.Counter[str]:
@@ -161,3 +172,117 @@ async def test_runs_whose_agent_the_candidate_lacks_are_skipped_not_failed(
     [run] = report.runs
     assert run.verdict == "skipped" and "no agent named 'triage'" in run.reason
     assert report.totals.skipped == 1 and report.totals.failed == 0
+
+
+async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # Files `temporal workflow show -o json` wrote: each one a recorded run, named after it.
+    ids = await record_triage(client, model_server, range(1, 3))
+    folder = tmp_path / "histories"
+    folder.mkdir()
+    for run_id in ids:
+        shown = subprocess.run(
+            [find_temporal_cli(), "workflow", "show", "-o", "json", "-w", run_id]
+            + ["--address", temporal_server.address],
+            capture_output=True,
+            check=True,
+        )
+        (folder / f"{run_id}.json").write_bytes(shown.stdout)
+    model = scripted_model(model_server)
+    model_server.respond(model.name, candidate_model(diverging={1}))
+    sources = await select_runs(client, histories=str(folder))
+    report = await evaluate(
+        client,
+        [triage_agent(model)],
+        sources,
+        eval_id=f"eval-{uuid.uuid4().hex[:8]}",
+        transcript_dir=transcript_dir(),
+    )
+    verdicts = {r.recorded_run: r.verdict for r in report.runs}
+    assert verdicts == {ids[0]: "failed", ids[1]: "passed"}
+
+
+# --- the command, a real worker process, SIGKILL ------------------------------------------------
+
+
+def eval_command(rig: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "relaykit.cli", "eval", "tests.eval_agents", *args],
+        cwd=REPO_ROOT,
+        env=rig,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def finished(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    out, _ = await asyncio.to_thread(proc.communicate, timeout=120)
+    return proc.returncode, out.decode()
+
+
+async def test_eval_survives_a_killed_worker_and_min_pass_sets_the_exit_status(
+    client: Client,
+    model_server: ScriptedModelServer,
+    temporal_server: DevServer,
+    tool_log: Path,
+    tmp_path: Path,
+) -> None:
+    # The command (and the worker in it) is SIGKILLed while a candidate's model call is in
+    # flight; the same command again resumes the evaluation and writes the same report as an
+    # uninterrupted one would; --min-pass decides the exit status; the JUnit XML parses.
+    ids = await record_triage(client, model_server, range(1, 7))
+    recorded = executions(tool_log)
+    model = scripted_model(model_server)
+    normal = candidate_model(diverging={3})
+    held = threading.Event()  # never set: the process waiting on it dies first
+
+    def respond(req: ScriptedRequest) -> Step:
+        step = normal(req)
+        if ticket_of(req) == 5 and not req.tool_results and not held.is_set():
+            held.set()  # hold only the first request of ticket 5
+            return dataclasses.replace(step, hold=threading.Event())
+        return step
+
+    model_server.respond(model.name, respond)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_"))}
+    env.update(
+        TEMPORAL_ADDRESS=temporal_server.address,
+        TEMPORAL_NAMESPACE="default",
+        EVAL_MODEL_URL=model_server.base_url,
+        EVAL_MODEL_NAME=model.name,
+        EVAL_TOOL_LOG=str(tool_log),
+        RELAYKIT_STORE=(tmp_path / "store").as_uri(),
+        RELAYKIT_TRANSCRIPT_DIR=str(tmp_path / "transcripts"),
+    )
+    eval_id = f"eval-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "report"
+    args = ["--runs", ",".join(ids), "--eval-id", eval_id, "--concurrency", "2"]
+    args += ["--json", f"{out}.json", "--junit", f"{out}.xml", "--report", f"{out}.md"]
+    first = eval_command(env, *args, "--min-pass", "0.9")
+    deadline = time.monotonic() + 120
+    while not held.is_set():
+        assert first.poll() is None and time.monotonic() < deadline, "no request of ticket 5"
+        await asyncio.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(first.wait, 10)
+    assert not Path(f"{out}.json").exists()
+
+    code, said = await finished(eval_command(env, *args, "--min-pass", "0.9"))
+    assert code == 1, said  # 5 of 6 pass: below 0.9
+    assert "below --min-pass" in said
+    report = EvalReport.model_validate_json(Path(f"{out}.json").read_text())
+    assert [(r.recorded_run, r.verdict) for r in report.runs] == [
+        (run_id, "failed" if n == 3 else "passed") for n, run_id in enumerate(ids, 1)
+    ]
+    assert executions(tool_log) == recorded  # no tool ran again, across the crash
+    suite = ElementTree.parse(f"{out}.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "1"
+
+    # Finished: the same id gives the same report again (nothing runs), and 0.8 passes.
+    served = model_server.request_count(model.name)
+    code, said = await finished(eval_command(env, *args, "--min-pass", "0.8"))
+    assert code == 0, said
+    assert EvalReport.model_validate_json(Path(f"{out}.json").read_text()) == report
+    assert model_server.request_count(model.name) == served
