@@ -182,9 +182,9 @@ async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
     folder = tmp_path / "histories"
     folder.mkdir()
     for run_id in ids:
+        show = ["workflow", "show", "-o", "json", "-w", run_id]
         shown = subprocess.run(
-            [find_temporal_cli(), "workflow", "show", "-o", "json", "-w", run_id]
-            + ["--address", temporal_server.address],
+            [find_temporal_cli(), *show, "--address", temporal_server.address],
             capture_output=True,
             check=True,
         )
