@@ -24,7 +24,9 @@ from temporalio.client import Client
 from relaykit import start_run
 from relaykit.devserver import DevServer, find_temporal_cli
 from relaykit.evals import EvalReport, EvalSource, evaluate, junit_xml, markdown, select_runs
+from relaykit.search_attributes import RELAY_EVAL_OF
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step
+from relaykit.watch import list_runs
 from tests.eval_agents import (
     candidate_model,
     child_model,
@@ -286,3 +288,31 @@ async def test_eval_survives_a_killed_worker_and_min_pass_sets_the_exit_status(
     assert code == 0, said
     assert EvalReport.model_validate_json(Path(f"{out}.json").read_text()) == report
     assert model_server.request_count(model.name) == served
+
+
+async def test_candidates_carry_relay_eval_of_and_stay_out_of_the_runs_list(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Candidate runs name their recorded run; `relaykit runs` leaves them out unless asked.
+    ids = await record_triage(client, model_server, range(1, 2))
+    model = scripted_model(model_server)
+    model_server.respond(model.name, candidate_model())
+    report = await run_eval(client, model_server, [triage_agent(model)], ids)
+    [run] = report.runs
+    assert run.candidate_run is not None
+    described = await client.get_workflow_handle(run.candidate_run).describe()
+    assert described.typed_search_attributes.get(RELAY_EVAL_OF) == ids[0]
+    mine = f"WorkflowId = '{run.candidate_run}' OR WorkflowId = '{ids[0]}'"
+    listed = await poll_list(client, mine, evals=True, expected=2)
+    assert listed == sorted([ids[0], run.candidate_run])
+    assert await poll_list(client, mine, evals=False, expected=1) == [ids[0]]
+
+
+async def poll_list(client: Client, query: str, *, evals: bool, expected: int) -> list[str]:
+    """Visibility is eventually consistent: list until ``expected`` rows show (or give up)."""
+    for _ in range(200):
+        rows = sorted(row.id for row in await list_runs(client, query=query, evals=evals))
+        if len(rows) >= expected:
+            return rows
+        await asyncio.sleep(0.05)
+    return rows
