@@ -73,7 +73,7 @@ async def evaluate(
     Markdown report (or writes it with --report), and the evaluation's id on stderr."""
     from relaykit.evals import evaluate as run_eval
     from relaykit.evals import junit_xml, markdown, select_runs
-    from relaykit.evals.evaluate import default_eval_id, load_candidate
+    from relaykit.evals.runner import default_eval_id, load_candidate
 
     load_candidate(candidate)  # a bad module is one line, before anything starts
     client = await _client(address, namespace)

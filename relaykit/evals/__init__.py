@@ -8,20 +8,20 @@ in total (:mod:`relaykit.evals.compare`, :mod:`relaykit.evals.formats`).
 
 The modules: :mod:`~relaykit.evals.recording` reads a recorded run, :mod:`~relaykit.evals.workflow`
 is the ``RelayEval`` workflow, :mod:`~relaykit.evals.activities` its activities,
-:mod:`~relaykit.evals.evaluate` starts, serves and waits for an evaluation.
+:mod:`~relaykit.evals.runner` starts, serves and waits for an evaluation.
 """
 
 from __future__ import annotations
 
-from relaykit.evals.evaluate import (
+from relaykit.evals.formats import junit_xml, markdown
+from relaykit.evals.models import Divergence, EvalReport, EvalSource, EvalTotals, RunReport
+from relaykit.evals.runner import (
     eval_task_queue,
     eval_worker,
     evaluate,
     select_runs,
     start_eval,
 )
-from relaykit.evals.formats import junit_xml, markdown
-from relaykit.evals.models import Divergence, EvalReport, EvalSource, EvalTotals, RunReport
 
 __all__ = [
     "Divergence",
