@@ -316,3 +316,26 @@ async def poll_list(client: Client, query: str, *, evals: bool, expected: int) -
             return rows
         await asyncio.sleep(0.05)
     return rows
+
+
+async def test_refund_desk_example_fails_the_refunds_the_new_instructions_leave_to_a_person(
+    temporal_server: DevServer, model_server: ScriptedModelServer, tmp_path: Path
+) -> None:
+    # The documented example: 20 recorded runs, new instructions, the report names the orders
+    # whose refund now goes to a person (scored 0.5 by the module's scorer) and passes the rest.
+    from examples.evaluate_refund_desk import record_and_evaluate
+    from examples.refund_desk import charged_twice, order_amount, scripted_desk
+
+    model = scripted_model(model_server)
+    model_server.respond(model.name, scripted_desk)
+    report = await record_and_evaluate(
+        temporal_server.address, model, str(tmp_path), eval_id=f"desk-{uuid.uuid4().hex[:8]}"
+    )
+    left = [n for n in range(1, 21) if charged_twice(n) and order_amount(n) > 40]
+    failed = [r for r in report.runs if r.verdict == "failed"]
+    assert [r.candidate_output for r in failed] == [
+        f"Order {n}: a person will review the refund of {order_amount(n)} EUR." for n in left
+    ]
+    assert {r.score for r in failed} == {0.5}
+    assert report.totals.passed == 20 - len(left) and report.totals.blocked == 0
+    assert "## Different answers" in markdown(report)
