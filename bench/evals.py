@@ -57,10 +57,9 @@ def evaluate(address: str, model_url: str, ids: list[str], concurrency: int, fol
     )
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
+    options = ["--runs", ",".join(ids), "--concurrency", str(concurrency), "--json", str(report)]
     subprocess.run(
-        [sys.executable, "-m", "relaykit.cli", "eval", "bench.eval_candidate"]
-        + ["--runs", ",".join(ids), "--concurrency", str(concurrency)]
-        + ["--json", str(report), "--report", str(Path(folder) / "report.md")],
+        [sys.executable, "-m", "relaykit.cli", "eval", "bench.eval_candidate", *options],
         cwd=ROOT,
         env=env,
         check=True,

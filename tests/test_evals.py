@@ -21,7 +21,7 @@ from xml.etree import ElementTree
 import pytest
 from temporalio.client import Client
 
-from relaykit import start_run
+from relaykit import ModelSpec, start_run
 from relaykit.devserver import DevServer, find_temporal_cli
 from relaykit.evals import EvalReport, EvalSource, evaluate, junit_xml, markdown, select_runs
 from relaykit.search_attributes import RELAY_EVAL_OF
@@ -100,6 +100,7 @@ async def test_twenty_runs_three_diverge_and_a_new_write_never_runs(
     report = await run_eval(client, model_server, [triage_agent(model)], ids, concurrency=5)
 
     assert executions(tool_log) == recorded  # nothing ran again, not even a read
+    assert model_server.peak_in_flight(model.name) <= 5  # --concurrency
     failed = {r.recorded_run: r for r in report.runs if r.verdict == "failed"}
     assert sorted(failed) == sorted(ids[n - 1] for n in (3, 7, 11))
     for n in (3, 7, 11):
@@ -306,6 +307,34 @@ async def test_candidates_carry_relay_eval_of_and_stay_out_of_the_runs_list(
     listed = await poll_list(client, mine, evals=True, expected=2)
     assert listed == sorted([ids[0], run.candidate_run])
     assert await poll_list(client, mine, evals=False, expected=1) == [ids[0]]
+    # and a query choosing recorded runs never picks a candidate
+    assert await select_runs(client, query=mine) == [EvalSource(run_id=ids[0])]
+
+
+async def test_model_option_gives_every_candidate_agent_that_model(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The candidate's own model is unreachable: only --model's answers, so the runs pass.
+    ids = await record_triage(client, model_server, range(1, 3))
+    model = scripted_model(model_server)
+    model_server.respond(model.name, candidate_model())
+    nowhere = ModelSpec(provider="openai", name="nowhere", base_url="http://127.0.0.1:9/v1")
+    report = await run_eval(client, model_server, [triage_agent(nowhere)], ids, model=model)
+    assert [r.verdict for r in report.runs] == ["passed", "passed"]
+    assert model_server.request_count(model.name) == 5  # 2 + 3 calls
+
+
+def test_a_candidate_module_that_does_not_exist_is_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "relaykit.cli", "eval", "no_such_module", "--runs", "r1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: no module named 'no_such_module'")
 
 
 async def poll_list(client: Client, query: str, *, evals: bool, expected: int) -> list[str]:
