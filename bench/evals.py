@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RECORD_WAVE = 20
+"""Recorded runs in flight at once while recording."""
 
 
 async def record(address: str, model_url: str, runs: int, turns: int, store: str) -> list[str]:
@@ -36,13 +39,16 @@ async def record(address: str, model_url: str, runs: int, turns: int, store: str
     from relaykit import Worker, connect, start_run
 
     client = await connect(address)
+    ids: list[str] = []
     async with Worker(client, build_agents(model_url), task_queue="bench-recorded", store=store):
-        handles = [
-            await start_run(client, "looper", turns_task(turns), task_queue="bench-recorded")
-            for _ in range(runs)
-        ]
-        await asyncio.gather(*(handle.result() for handle in handles))
-    return [handle.id for handle in handles]
+        for wave in range(0, runs, RECORD_WAVE):  # a bounded load: recording is not measured
+            handles = [
+                await start_run(client, "looper", turns_task(turns), task_queue="bench-recorded")
+                for _ in range(min(RECORD_WAVE, runs - wave))
+            ]
+            await asyncio.gather(*(handle.result() for handle in handles))
+            ids += [handle.id for handle in handles]
+    return ids
 
 
 def evaluate(address: str, model_url: str, ids: list[str], concurrency: int, folder: str) -> dict:
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
 
     from bench.procs import Child
     from relaykit.devserver import DevServer
