@@ -165,16 +165,18 @@ async def test_agent_tool_and_subagent_answers_come_from_the_recording(
     assert model_server.request_count(child.name) == children
 
 
-async def test_runs_whose_agent_the_candidate_lacks_are_skipped_not_failed(
+async def test_runs_the_candidate_lacks_an_agent_for_or_that_do_not_exist_are_skipped(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
     ids = await record_triage(client, model_server, range(1, 2))
     model = scripted_model(model_server)
     model_server.respond(model.name, desk_model)
-    report = await run_eval(client, model_server, [desk_agents(model, model)], ids)
-    [run] = report.runs
+    missing = f"no-such-run-{uuid.uuid4().hex[:6]}"
+    report = await run_eval(client, model_server, [desk_agents(model, model)], [*ids, missing])
+    [run, unknown] = report.runs
     assert run.verdict == "skipped" and "no agent named 'triage'" in run.reason
-    assert report.totals.skipped == 1 and report.totals.failed == 0
+    assert unknown.verdict == "skipped" and f"no run with id {missing!r}" in unknown.reason
+    assert report.totals.skipped == 2 and report.totals.failed == 0
 
 
 async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(

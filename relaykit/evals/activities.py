@@ -11,6 +11,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from relaykit.evals.compare import Scorer, score_run
 from relaykit.evals.models import (
@@ -22,6 +23,7 @@ from relaykit.evals.models import (
 )
 from relaykit.evals.recording import RecordedRun, read_history_file, read_recorded
 from relaykit.graph import AgentGraph
+from relaykit.runs import RunInput
 
 
 class EvalActivities:
@@ -34,10 +36,20 @@ class EvalActivities:
 
     @activity.defn(name=PREPARE_ACTIVITY)
     async def prepare(self, source: EvalSource) -> RecordedRun:
-        if source.history_file is not None:
-            recorded = await read_history_file(self.client.data_converter, source.history_file)
-        else:
-            recorded = await read_recorded(self.client, source.run_id or "")
+        try:
+            if source.history_file is not None:
+                recorded = await read_history_file(self.client.data_converter, source.history_file)
+            else:
+                recorded = await read_recorded(self.client, source.run_id or "")
+        except RPCError:
+            raise  # the server: retried
+        except Exception as exc:  # noqa: BLE001 - a history this code cannot read: reported
+            return RecordedRun(
+                run_id=source.label,
+                agent="",
+                input=RunInput(agent=""),
+                problem=f"its history cannot be read: {type(exc).__name__}: {exc}",
+            )
         known = self.graph.agents if self.graph is not None else {}
         if recorded.problem is None and recorded.agent not in known:
             recorded.problem = f"the candidate has no agent named {recorded.agent!r}"

@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ChildWorkflowError
+from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from relaykit.evals.compare import skipped, totals
@@ -80,14 +80,21 @@ class EvalWorkflow:
         return totals(eval_id, [r for r in reports if r is not None])
 
     async def _evaluate(self, eval_id: str, input: EvalInput, source: EvalSource) -> RunReport:
-        recorded: RecordedRun = await workflow.execute_activity(
-            PREPARE_ACTIVITY,
-            source,
-            result_type=RecordedRun,
-            start_to_close_timeout=_ACTIVITY_TIMEOUT,
-            retry_policy=_RETRY,
-            summary=source.label,
-        )
+        try:
+            recorded: RecordedRun = await workflow.execute_activity(
+                PREPARE_ACTIVITY,
+                source,
+                result_type=RecordedRun,
+                start_to_close_timeout=_ACTIVITY_TIMEOUT,
+                retry_policy=_RETRY,
+                summary=source.label,
+            )
+        except ActivityError as exc:  # the server kept refusing: this run is reported, not lost
+            return RunReport(
+                recorded_run=source.label,
+                verdict="skipped",
+                reason=f"not evaluated: it could not be read: {exc.cause or exc}",
+            )
         if recorded.problem is not None:
             return skipped(recorded, f"not evaluated: {recorded.problem}")
         child_id = f"{eval_id}/{recorded.run_id}"
@@ -109,18 +116,26 @@ class EvalWorkflow:
             )
         except ChildWorkflowError as exc:
             failure = str(exc.cause) if exc.cause is not None else str(exc)
-        score: RunReport = await workflow.execute_activity(
-            SCORE_ACTIVITY,
-            ScoreInput(
-                recorded=recorded,
+        try:
+            score: RunReport = await workflow.execute_activity(
+                SCORE_ACTIVITY,
+                ScoreInput(
+                    recorded=recorded,
+                    candidate_run=child_id,
+                    failure=failure,
+                    pass_score=input.pass_score,
+                    candidate=candidate,
+                ),
+                result_type=RunReport,
+                start_to_close_timeout=_ACTIVITY_TIMEOUT,
+                retry_policy=_RETRY,
+                summary=recorded.run_id,
+            )
+        except ActivityError as exc:
+            return RunReport(
+                recorded_run=recorded.run_id,
+                agent=recorded.agent,
                 candidate_run=child_id,
-                failure=failure,
-                pass_score=input.pass_score,
-                candidate=candidate,
-            ),
-            result_type=RunReport,
-            start_to_close_timeout=_ACTIVITY_TIMEOUT,
-            retry_policy=_RETRY,
-            summary=recorded.run_id,
-        )
+                reason=f"scoring failed: {exc.cause or exc}",
+            )
         return score
