@@ -38,6 +38,10 @@ class RecordedCall(BaseModel):
     content: str
     """The result the model read."""
     is_error: bool = False
+    child: EvalContext | None = None
+    """For an agent-tool call: the recorded child run's own calls. A matched call then runs the
+    candidate's child agent as a candidate too, against them (recursively), instead of
+    answering with the recorded child's answer."""
 
 
 class EvalContext(BaseModel):
@@ -49,6 +53,8 @@ class EvalContext(BaseModel):
     """Per tool name, the recording's calls in the order it made them."""
     live_reads: bool = False
     """Unmatched calls of ``"read"`` tools run live (default: blocked like any other)."""
+    mark: bool = False
+    """The candidate's child runs carry ``RelayEvalOf`` too (the namespace has it)."""
 
 
 class EvalCall(BaseModel):
@@ -58,6 +64,9 @@ class EvalCall(BaseModel):
     tool: str
     arguments: str
     outcome: CallOutcome
+
+
+RecordedCall.model_rebuild()
 
 
 def canonical_arguments(arguments: str) -> str:

@@ -85,9 +85,11 @@ def candidate_model(
 
 
 def desk_agents(desk_model: ModelSpec, child_model: ModelSpec) -> Agent:
-    """``desk`` asks ``researcher`` (an agent tool), spawns ``helper`` (a subagent), waits for
-    it and answers with what both said."""
-    researcher = Agent(name="researcher", instructions="Research.", model=child_model)
+    """``desk`` asks ``researcher`` (an agent tool, which looks ticket 7 up), spawns ``helper``
+    (a subagent), waits for it and answers with what both said."""
+    researcher = Agent(
+        name="researcher", instructions="Research.", model=child_model, tools=[lookup, refund]
+    )
     helper = Agent(name="helper", instructions="Help.", model=child_model)
     return Agent(
         name="desk",
@@ -111,7 +113,18 @@ def desk_model(req: ScriptedRequest) -> Step:
 
 
 def child_model(req: ScriptedRequest) -> Step:
-    return text(f"child says: {req.last_user_text}")
+    """The researcher looks ticket 7 up, then answers; the helper answers at once."""
+    results = req.tool_results
+    if "lookup" in req.tool_names and not results:
+        return call("lookup", ticket=7)
+    return text(f"child says: {req.last_user_text} {' '.join(results)}".strip())
+
+
+def child_model_refunding(req: ScriptedRequest) -> Step:
+    """As :func:`child_model`, but the researcher also refunds ticket 7."""
+    if "refund" in req.tool_names and len(req.tool_results) == 1:
+        return call("refund", ticket=7, amount=5)
+    return child_model(req)
 
 
 _MODEL = ModelSpec(

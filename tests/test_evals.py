@@ -30,6 +30,7 @@ from relaykit.watch import list_runs
 from tests.eval_agents import (
     candidate_model,
     child_model,
+    child_model_refunding,
     desk_agents,
     desk_model,
     recorded_model,
@@ -143,26 +144,58 @@ async def test_unmatched_read_runs_live_only_with_live_reads(
     assert "charged twice" in first.candidate_output
 
 
-async def test_agent_tool_and_subagent_answers_come_from_the_recording(
-    client: Client, model_server: ScriptedModelServer
+async def test_agent_tool_child_is_evaluated_against_its_recording_and_a_subagent_is_matched(
+    client: Client, model_server: ScriptedModelServer, tool_log: Path
 ) -> None:
-    # The candidate's agent-tool call, spawn and wait are matched: no child runs again.
+    # The candidate's agent-tool call is matched and its child runs as a candidate against the
+    # recorded child (its lookup answered from the recording, nothing executed); the spawn and
+    # the wait are matched, so no subagent runs again.
     desk, child = scripted_model(model_server), scripted_model(model_server)
     model_server.respond(desk.name, desk_model)
     model_server.respond(child.name, child_model)
     async with serving(client, desk_agents(desk, child)) as worker:
         handle = await start_run(client, "desk", "help", task_queue=worker.task_queue)
         await handle.result()
-    children = model_server.request_count(child.name)
-    assert children == 2  # the researcher and the helper, once each
+    assert model_server.request_count(child.name) == 3  # researcher: lookup, answer; helper
+    recorded = executions(tool_log)
+    assert recorded == {"lookup 7": 1}
 
-    candidate = scripted_model(model_server)
+    candidate, candidate_child = scripted_model(model_server), scripted_model(model_server)
     model_server.respond(candidate.name, desk_model)
-    report = await run_eval(client, model_server, [desk_agents(candidate, child)], [handle.id])
+    model_server.respond(candidate_child.name, child_model)
+    report = await run_eval(
+        client, model_server, [desk_agents(candidate, candidate_child)], [handle.id]
+    )
     [run] = report.runs
     assert run.verdict == "passed", run
-    assert (run.matched, run.live, run.blocked) == (3, 0, [])
-    assert model_server.request_count(child.name) == children
+    assert (run.matched, run.live, run.blocked) == (4, 0, [])  # ask, spawn, wait; the lookup
+    assert model_server.request_count(candidate_child.name) == 2  # the researcher, not helper
+    assert executions(tool_log) == recorded
+
+
+async def test_a_changed_agent_tool_child_shows_in_its_parents_report(
+    client: Client, model_server: ScriptedModelServer, tool_log: Path
+) -> None:
+    # The candidate's researcher refunds where the recorded one did not: blocked, listed as
+    # the child's call, and the parent's answer differs.
+    desk, child = scripted_model(model_server), scripted_model(model_server)
+    model_server.respond(desk.name, desk_model)
+    model_server.respond(child.name, child_model)
+    async with serving(client, desk_agents(desk, child)) as worker:
+        handle = await start_run(client, "desk", "help", task_queue=worker.task_queue)
+        await handle.result()
+
+    candidate, candidate_child = scripted_model(model_server), scripted_model(model_server)
+    model_server.respond(candidate.name, desk_model)
+    model_server.respond(candidate_child.name, child_model_refunding)
+    report = await run_eval(
+        client, model_server, [desk_agents(candidate, candidate_child)], [handle.id]
+    )
+    [run] = report.runs
+    assert run.verdict == "failed"
+    assert [(c.tool.rpartition("/")[2], c.outcome) for c in run.blocked] == [("refund", "blocked")]
+    assert run.blocked[0].tool.startswith("researcher")
+    assert "refund" not in "".join(executions(tool_log))
 
 
 async def test_runs_the_candidate_lacks_an_agent_for_or_that_do_not_exist_are_skipped(

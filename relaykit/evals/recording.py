@@ -55,7 +55,7 @@ class RecordedRun(BaseModel):
     """Why the run cannot be evaluated (still open, failed, unreadable); then nothing else is
     set but the id."""
 
-    def candidate_input(self, live_reads: bool) -> RunInput:
+    def candidate_input(self, live_reads: bool, mark: bool = False) -> RunInput:
         """The candidate's input: the recorded task and limits, unattended (nobody approves
         during an evaluation), with the recorded tool results to answer from."""
         first = self.input
@@ -70,7 +70,7 @@ class RecordedRun(BaseModel):
             output_retries=first.output_retries,
             unattended=True,
             evaluation=EvalContext(
-                recorded_run=self.run_id, calls=self.calls, live_reads=live_reads
+                recorded_run=self.run_id, calls=self.calls, live_reads=live_reads, mark=mark
             ),
         )
 
@@ -120,6 +120,40 @@ async def _outcome(convert: Any, events: list[Any]) -> tuple[RunResult | None, f
     return result, seconds
 
 
+async def agent_tool_children(convert: Any, histories: list[list[Any]]) -> list[tuple[str, str]]:
+    """The agent-tool children a run started, in order: (canonical arguments of the call that
+    started it, child workflow id). Background subagents (a report target) are left out."""
+    children = []
+    for events in histories:
+        for event in events:
+            if event.event_type != EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+                continue
+            attrs = event.start_child_workflow_execution_initiated_event_attributes
+            [child] = await convert.decode(attrs.input.payloads, [RunInput])
+            if child.report_to is None and isinstance(child.input, str):
+                arguments = canonical_arguments(json.dumps({"input": child.input}))
+                children.append((arguments, attrs.workflow_id))
+    return children
+
+
+def attach_children(
+    calls: dict[str, list[RecordedCall]], children: list[tuple[str, str]]
+) -> dict[str, str]:
+    """Which recorded call started which agent-tool child (an agent tool's arguments are its
+    ``input``, and its children start in call order): call position -> child id, keyed
+    ``"<tool>#<index>"``."""
+    started: dict[str, str] = {}
+    left = list(children)
+    for tool, recorded in calls.items():
+        for index, call in enumerate(recorded):
+            for position, (arguments, child_id) in enumerate(left):
+                if arguments == call.arguments:
+                    started[f"{tool}#{index}"] = child_id
+                    del left[position]
+                    break
+    return started
+
+
 async def recorded_from_histories(
     convert: Any, run_id: str, histories: list[list[Any]]
 ) -> RecordedRun:
@@ -149,8 +183,13 @@ async def recorded_from_histories(
     )
 
 
-async def read_recorded(client: Client, run_id: str) -> RecordedRun:
-    """``run_id`` as recorded on the server (closed runs only)."""
+MAX_CHILD_DEPTH = 4
+"""Agent-tool children are read this many levels down; deeper ones answer as recorded."""
+
+
+async def read_recorded(client: Client, run_id: str, depth: int = 0) -> RecordedRun:
+    """``run_id`` as recorded on the server (closed runs only), with the recorded children of
+    its agent-tool calls (:attr:`RecordedCall.child`)."""
     try:
         histories, description = await _runs_of_chain(client, run_id)
     except ForkError as exc:
@@ -159,7 +198,18 @@ async def read_recorded(client: Client, run_id: str) -> RecordedRun:
         return RecordedRun(
             run_id=run_id, agent="", input=RunInput(agent=""), problem="it is still running"
         )
-    return await recorded_from_histories(client.data_converter, run_id, histories)
+    recorded = await recorded_from_histories(client.data_converter, run_id, histories)
+    if recorded.problem is not None or depth >= MAX_CHILD_DEPTH:
+        return recorded
+    children = await agent_tool_children(client.data_converter, histories)
+    for key, child_id in attach_children(recorded.calls, children).items():
+        tool, _, index = key.rpartition("#")
+        child = await read_recorded(client, child_id, depth + 1)
+        if child.problem is None:  # else the recorded answer stands
+            recorded.calls[tool][int(index)].child = EvalContext(
+                recorded_run=child_id, calls=child.calls
+            )
+    return recorded
 
 
 async def read_history_file(convert: Any, path: str) -> RecordedRun:

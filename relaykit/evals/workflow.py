@@ -108,7 +108,7 @@ class EvalWorkflow:
         try:
             candidate = await workflow.execute_child_workflow(
                 AGENT_RUN_WORKFLOW,
-                recorded.candidate_input(input.live_reads),
+                recorded.candidate_input(input.live_reads, input.eval_attribute),
                 id=child_id,
                 result_type=RunResult,
                 search_attributes=attributes,

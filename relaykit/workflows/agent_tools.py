@@ -139,6 +139,7 @@ class AgentToolKind(ToolKind):
             run_path=run.state.run_path,
             parent_workflow_id=info.workflow_id,
             unattended=run.input.unattended,
+            evaluation=prepared.evaluation,  # in an evaluation: the recorded child's calls
         )
         try:
             return await self._child(child_input, child_id, prompt)

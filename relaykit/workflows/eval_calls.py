@@ -10,8 +10,11 @@ before an approval wait):
 - an unmatched call of a ``"read"`` tool runs live when the evaluation allows live reads;
 - any other call gets an error result saying it was not executed during evaluation.
 
-Agent tools and the subagent tools are matched the same way (their recorded answer is the
-result); a ``"write"`` function or MCP tool is never executed. Handoffs run as they do in any
+Agent tools are matched the same way, and a matched one whose recorded child run was read runs
+the candidate's child agent as a candidate itself, against the recorded child's calls
+(recursively); without a recorded child its recorded answer is the result. The subagent tools
+are matched as calls (``spawn_subagent`` and ``wait_subagents`` get the recorded results; no
+task starts). A ``"write"`` function or MCP tool is never executed. Handoffs run as they do in any
 run: switching the agent touches nothing (an ``on_handoff`` callback still runs; keep it free
 of effects in agents you evaluate).
 
@@ -39,8 +42,10 @@ class RecordedTools:
         self.calls: list[EvalCall] = []
         """Every call answered here, in the order the tool path asked, for the run's result."""
 
-    def answer(self, kind: ToolKind, call: ToolCall) -> ToolResult | None:
-        """The call's result without running it, or ``None`` when it runs live."""
+    def answer(self, kind: ToolKind, call: ToolCall) -> ToolResult | EvalContext | None:
+        """The call's result without running it; ``None`` when it runs live; for a matched
+        agent-tool call whose recorded child was read, that child's calls: the kind runs the
+        candidate's child agent against them."""
         arguments = canonical_arguments(call.arguments)
         recorded = self.context.calls.get(call.name, [])
         used = self._used.setdefault(call.name, set())
@@ -48,6 +53,10 @@ class RecordedTools:
             if index not in used and candidate.arguments == arguments:
                 used.add(index)
                 self._note(call, arguments, "matched")
+                if candidate.child is not None:
+                    return candidate.child.model_copy(
+                        update={"live_reads": self.context.live_reads, "mark": self.context.mark}
+                    )
                 return ToolResult(candidate.content, is_error=candidate.is_error)
         if kind.effect == "read" and self.context.live_reads:
             self._note(call, arguments, "live")

@@ -68,6 +68,9 @@ class Prepared:
     needs_approval: bool = False
     """The call waits for a person's decision before it runs (set by the tool path from
     :meth:`ToolKind.approval_hint`)."""
+    evaluation: Any = None
+    """In a candidate run of an evaluation, an agent-tool call's recorded child
+    (:class:`~relaykit.eval_context.EvalContext`): the child runs as a candidate against it."""
 
 
 class ToolKind:

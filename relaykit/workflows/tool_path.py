@@ -331,8 +331,9 @@ class ToolPath:
         run, call = self.run, prepared.call
         if self.recorded is not None and not kind.barrier:  # an evaluation's candidate run
             answered = self.recorded.answer(kind, call)
-            if answered is not None:
+            if isinstance(answered, ToolResult):
                 return run.tool_message(call, answered.content, is_error=answered.is_error), None
+            prepared.evaluation = answered  # a recorded child to run against, or live
         needed, timeout = self._approval(kind, prepared, slot)
         if needed:
             refusal = await self.approvals.decide(agent, kind, call, timeout)
