@@ -64,6 +64,7 @@ def evaluate(address: str, model_url: str, ids: list[str], concurrency: int, fol
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     options = ["--runs", ",".join(ids), "--concurrency", str(concurrency), "--json", str(report)]
+    options += ["--report", str(Path(folder) / "report.md")]
     subprocess.run(
         [sys.executable, "-m", "relaykit.cli", "eval", "bench.eval_candidate", *options],
         cwd=ROOT,

@@ -64,19 +64,18 @@ class EvalWorkflow:
         eval_id = workflow.info().workflow_id
         self._total = len(input.sources)
         reports: list[RunReport | None] = [None] * len(input.sources)
-        running = 0
+        waiting = list(enumerate(input.sources))
 
-        async def one(index: int, source: EvalSource) -> None:
-            nonlocal running
-            await workflow.wait_condition(lambda: running < input.concurrency)
-            running += 1
-            try:
+        async def lane() -> None:
+            # One of ``concurrency`` lanes, each taking the next recorded run when its last
+            # one is done: never more in progress (a condition woken for all would let every
+            # waiting run through at once).
+            while waiting:
+                index, source = waiting.pop(0)
                 reports[index] = await self._evaluate(eval_id, input, source)
-            finally:
-                running -= 1
                 self._done += 1
 
-        await asyncio.gather(*(one(i, s) for i, s in enumerate(input.sources)))
+        await asyncio.gather(*(lane() for _ in range(min(input.concurrency, len(waiting)))))
         return totals(eval_id, [r for r in reports if r is not None])
 
     async def _evaluate(self, eval_id: str, input: EvalInput, source: EvalSource) -> RunReport:
