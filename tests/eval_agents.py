@@ -85,18 +85,18 @@ def candidate_model(
 
 
 def desk_agents(desk_model: ModelSpec, child_model: ModelSpec) -> Agent:
-    """``desk`` asks ``researcher`` (an agent tool, which looks ticket 7 up), spawns ``helper``
+    """``desk`` asks ``researcher`` (an agent tool, which looks ticket 7 up), spawns ``clerk``
     (a subagent), waits for it and answers with what both said."""
     researcher = Agent(
         name="researcher", instructions="Research.", model=child_model, tools=[lookup, refund]
     )
-    helper = Agent(name="helper", instructions="Help.", model=child_model)
+    clerk = Agent(name="clerk", instructions="Check.", model=child_model)
     return Agent(
         name="desk",
         instructions="Delegate.",
         model=desk_model,
         tools=[researcher.as_tool()],
-        subagents=Subagents([helper]),
+        subagents=Subagents([clerk]),
     )
 
 
@@ -106,14 +106,14 @@ def desk_model(req: ScriptedRequest) -> Step:
     if not results:
         return call(asker, input="what happened?")
     if len(results) == 1:
-        return call("spawn_subagent", agent="helper", prompt="check the ledger")
+        return call("spawn_subagent", agent="clerk", prompt="check the ledger")
     if len(results) == 2:
         return call("wait_subagents")
     return text("desk: " + " | ".join(results[0:1] + results[2:3]))
 
 
 def child_model(req: ScriptedRequest) -> Step:
-    """The researcher looks ticket 7 up, then answers; the helper answers at once."""
+    """The researcher looks ticket 7 up, then answers; the clerk answers at once."""
     results = req.tool_results
     if "lookup" in req.tool_names and not results:
         return call("lookup", ticket=7)

@@ -172,7 +172,7 @@ async def test_agent_tool_child_is_evaluated_against_its_recording_and_a_subagen
     async with serving(client, desk_agents(desk, child)) as worker:
         handle = await start_run(client, "desk", "help", task_queue=worker.task_queue)
         await handle.result()
-    assert model_server.request_count(child.name) == 3  # researcher: lookup, answer; helper
+    assert model_server.request_count(child.name) == 3  # researcher: lookup, answer; clerk
     recorded = executions(tool_log)
     assert recorded == {"lookup 7": 1}
 
@@ -185,7 +185,7 @@ async def test_agent_tool_child_is_evaluated_against_its_recording_and_a_subagen
     [run] = report.runs
     assert run.verdict == "passed", run
     assert (run.matched, run.live, run.blocked) == (4, 0, [])  # ask, spawn, wait; the lookup
-    assert model_server.request_count(candidate_child.name) == 2  # the researcher, not helper
+    assert model_server.request_count(candidate_child.name) == 2  # the researcher, not clerk
     assert executions(tool_log) == recorded
 
 
