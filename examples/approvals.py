@@ -111,8 +111,9 @@ def scripted_refunds(request: ScriptedRequest) -> Step:
     messages = request.messages
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     said = request.last_user_text
-    results = [str(m.get("content") or "") for m in messages[last_user + 1 :]
-               if m.get("role") == "tool"]
+    results = [
+        str(m.get("content") or "") for m in messages[last_user + 1 :] if m.get("role") == "tool"
+    ]
     found = _ORDER_ID.search(said)
     if found is None:
         return text("Which order should I refund? Please give its id, e.g. A-1001.")

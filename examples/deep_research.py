@@ -184,7 +184,8 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            str(part.get("text", "")) for part in content
+            str(part.get("text", ""))
+            for part in content
             if isinstance(part, dict) and part.get("type") == "text"
         )
     return ""
@@ -246,7 +247,7 @@ def _reports(request: ScriptedRequest) -> dict[str, tuple[str, str]]:
     for message in request.messages:
         said = _content_text(message.get("content"))
         if message.get("role") == "user" and said.startswith(_REPORT_PREFIX):
-            texts.append(said[len(_REPORT_PREFIX):])
+            texts.append(said[len(_REPORT_PREFIX) :])
     texts += [
         result for name, _, result in _tool_calls(request) if name == "wait_subagents" and result
     ]
@@ -255,7 +256,7 @@ def _reports(request: ScriptedRequest) -> dict[str, tuple[str, str]]:
         heads = list(_REPORT_HEAD.finditer(said))
         for head, following in zip(heads, [*heads[1:], None]):
             end = following.start() if following else len(said)
-            reports[head.group(1)] = (head.group(2), said[head.end():end].strip())
+            reports[head.group(1)] = (head.group(2), said[head.end() : end].strip())
     return reports
 
 
@@ -282,7 +283,7 @@ def _target_of(prompt: str, targets: list[str]) -> str:
 def _summary_of(fetched: str) -> tuple[str, str]:
     """The title and the first sentence of a ``fetch_url`` result."""
     header, _, body = fetched.partition("\n\n")
-    titles = [line[len("Title: "):] for line in header.splitlines() if line.startswith("Title: ")]
+    titles = [line[len("Title: ") :] for line in header.splitlines() if line.startswith("Title: ")]
     title = titles[0].strip() if titles else ""
     for line in body.splitlines():
         line = line.strip()

@@ -41,10 +41,13 @@ def get_weather(cities: Annotated[list[City], Field(max_length=5)]) -> str:
     """
     # One call for all cities: a small model asked for one city at a time looked up the first
     # city again and again and never the second.
-    return "; ".join(
-        f"{city}: {_WEATHER.get(city.strip().lower(), 'no forecast available')}"
-        for city in cities
-    ) or "no city given"
+    return (
+        "; ".join(
+            f"{city}: {_WEATHER.get(city.strip().lower(), 'no forecast available')}"
+            for city in cities
+        )
+        or "no city given"
+    )
 
 
 @tool(effect="read")

@@ -50,5 +50,7 @@ def scripted_librarian(request: ScriptedRequest) -> Step:
             return text("The library has nothing on that.")
         return call("library_read_document", name=hits[0])
     body = [line for line in results[-1].splitlines() if line and not line.startswith("#")]
-    title = next((line.lstrip("# ") for line in results[-1].splitlines() if line.startswith("#")), "")
+    title = next(
+        (line.lstrip("# ") for line in results[-1].splitlines() if line.startswith("#")), ""
+    )
     return text(f"{' '.join(body)[:300]} (source: {title})")

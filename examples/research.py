@@ -104,7 +104,8 @@ def _called_tools(request: ScriptedRequest) -> set[str]:
             names.add(tc.get("function", {}).get("name", ""))
         if isinstance(m.get("content"), list):
             names.update(
-                b.get("name", "") for b in m["content"]
+                b.get("name", "")
+                for b in m["content"]
                 if isinstance(b, dict) and b.get("type") == "tool_use"
             )
     return names

@@ -80,9 +80,7 @@ def refund_status(invoice_id: InvoiceId) -> str:
     if key not in _INVOICES:
         # An unknown number gets what the account does have: a small model that invented a
         # number can still answer from this, instead of guessing again.
-        known = "; ".join(
-            f"{k}: {_REFUNDS.get(k, 'no refund requested')}" for k in _INVOICES
-        )
+        known = "; ".join(f"{k}: {_REFUNDS.get(k, 'no refund requested')}" for k in _INVOICES)
         return f"no invoice {invoice_id} on this account. Its invoices: {known}"
     return _REFUNDS.get(key, f"no refund requested for {key}")
 

@@ -13,6 +13,7 @@ import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.context_policy import ContextPolicy, default_context_policy
 from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
+from relaykit.eval_context import EvalContext
 from relaykit.handoff import (
     Handoff,
     HandoffArgs,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
         task_queue_has_worker,
     )
     from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
+    from relaykit.evals import EvalReport, EvalSource, RunReport, eval_worker, evaluate, select_runs
     from relaykit.fork import ForkError, fork_run
 
 _CLIENT_SIDE = {
@@ -84,9 +86,16 @@ _CLIENT_SIDE = {
     "load_codec": "relaykit.codec",
     "ForkError": "relaykit.fork",
     "fork_run": "relaykit.fork",
+    "EvalReport": "relaykit.evals",
+    "EvalSource": "relaykit.evals",
+    "RunReport": "relaykit.evals",
+    "eval_worker": "relaykit.evals",
+    "evaluate": "relaykit.evals",
+    "select_runs": "relaykit.evals",
 }
 """Names whose modules a worker never uses: imported on first access (PEP 562), so a worker
-process does not carry the client, the codec loader and forking (``tests/test_lean_imports.py``)."""
+process does not carry the client, the codec loader, forking and evaluations
+(``tests/test_lean_imports.py``)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -119,6 +128,9 @@ __all__ = [
     "CancelSubagentArgs",
     "ConfigurationError",
     "ContextPolicy",
+    "EvalContext",
+    "EvalReport",
+    "EvalSource",
     "ForkError",
     "ForkOrigin",
     "Handoff",
@@ -139,6 +151,7 @@ __all__ = [
     "RunFailed",
     "RunHandle",
     "RunInput",
+    "RunReport",
     "RunResult",
     "RunSetup",
     "RunSnapshot",
@@ -160,6 +173,8 @@ __all__ = [
     "compose_data_converter",
     "connect",
     "default_context_policy",
+    "eval_worker",
+    "evaluate",
     "for_context_rewrite",
     "fork_run",
     "get_run",
@@ -168,6 +183,7 @@ __all__ = [
     "remove_tool_calls",
     "run",
     "run_agent",
+    "select_runs",
     "start_run",
     "task_queue_has_worker",
     "tool",

@@ -180,7 +180,20 @@ async def read_turns(client: Client, run_id: str) -> RunTurns:
     from temporalio.client import WorkflowExecutionStatus
 
     histories, description = await _runs_of_chain(client, run_id)
-    convert = client.data_converter
+    return await turns_of_histories(
+        client.data_converter,
+        histories,
+        run_id,
+        task_queue=description.task_queue or "",
+        open=description.status == WorkflowExecutionStatus.RUNNING,
+    )
+
+
+async def turns_of_histories(
+    convert: Any, histories: list[list[Any]], run_id: str, *, task_queue: str, open: bool
+) -> RunTurns:
+    """A run's turns from the histories of its continue-as-new chain, first run first (read
+    from Temporal, or from files ``temporal workflow show -o json`` wrote)."""
     started = histories[0][0].workflow_execution_started_event_attributes
     [first_input] = await convert.decode(started.input.payloads, [RunInput])
     calls: list[_ModelCall] = []
@@ -206,11 +219,7 @@ async def read_turns(client: Client, run_id: str) -> RunTurns:
                 cancelled = by_event.get(attrs.scheduled_event_id)
                 if cancelled is not None:
                     cancelled.abandoned = True
-    runs = RunTurns(
-        first_input=first_input,
-        task_queue=description.task_queue or "",
-        open=description.status == WorkflowExecutionStatus.RUNNING,
-    )
+    runs = RunTurns(first_input=first_input, task_queue=task_queue, open=open)
     transcript: list[Message] = []
     answered: set[int] = set()
     for call in calls:

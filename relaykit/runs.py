@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from relaykit.eval_context import EvalCall, EvalContext
 from relaykit.messages import Message, Usage
 
 RunStatus = Literal[
@@ -469,6 +470,9 @@ class RunInput(BaseModel):
     """Temporal's ``fairness_key`` of the run and of all it starts (:mod:`relaykit.fleet`)."""
     tenant_weight: float | None = Field(None, gt=0)
     """Temporal's ``fairness_weight`` for :attr:`tenant` (1.0 when unset)."""
+    evaluation: EvalContext | None = None
+    """Set by an evaluation (:mod:`relaykit.evals`) on a candidate run: its tool calls are
+    answered from the recorded run's results, never by surprise (:mod:`relaykit.eval_context`)."""
 
 
 class RunResult(BaseModel):
@@ -486,6 +490,9 @@ class RunResult(BaseModel):
     transcript_offset: int = 0
     forked_from: str | None = None
     """``"<run id>@<turn>"`` for a run started by :func:`relaykit.fork_run`."""
+    evaluation: list[EvalCall] | None = None
+    """For a candidate run of an evaluation: each tool call it made and whether it was answered
+    from the recording, run live or blocked (``None`` on other runs)."""
 
 
 class RunSnapshot(BaseModel):

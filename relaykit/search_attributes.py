@@ -16,7 +16,7 @@ enabled runs:
           --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
           --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
           --name RelayForkOf --type Keyword --name RelayTenant --type Keyword \\
-          --name RelayCostUSD --type Double
+          --name RelayCostUSD --type Double --name RelayEvalOf --type Keyword
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -67,6 +67,11 @@ RELAY_TENANT: Final = SearchAttributeKey.for_keyword("RelayTenant")
 """The tenant a run was started for (``start_run(..., tenant=...)``, also on forks). Set when the
 run starts, and only when the namespace has it."""
 
+RELAY_EVAL_OF: Final = SearchAttributeKey.for_keyword("RelayEvalOf")
+"""For a candidate run of an evaluation (:mod:`relaykit.evals`): the workflow id of the recorded
+run it answers again. Set when the candidate starts, only when the namespace has it; runs that
+have it are left out of ``relaykit runs`` and the inbox."""
+
 UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
     RELAY_STATUS,
@@ -75,7 +80,13 @@ UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
 ]
 """What runs write themselves: a worker lets runs upsert only when all of these are registered."""
 
-ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF, RELAY_TENANT, RELAY_COST_USD]
+ALL: Final[list[SearchAttributeKey[Any]]] = [
+    *UPSERTED,
+    RELAY_FORK_OF,
+    RELAY_TENANT,
+    RELAY_COST_USD,
+    RELAY_EVAL_OF,
+]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
 # The spelling that `temporal` CLI flags (--search-attribute, --type) accept.
@@ -183,6 +194,19 @@ async def cost_registered(client: Any) -> bool:
     except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
         return False
     return RELAY_COST_USD.name in response.custom_attributes
+
+
+async def eval_registered(client: Any) -> bool:
+    """Whether the client's namespace has ``RelayEvalOf`` (added after the others)."""
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    try:
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+    except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
+        return False
+    return RELAY_EVAL_OF.name in response.custom_attributes
 
 
 async def registered(client: Any) -> bool:

@@ -383,8 +383,13 @@ def runs_query(
     roots: bool = False,
     tenant: str | None = None,
     query: str | None = None,
+    exclude_evals: bool = False,
 ) -> str:
+    """The visibility query of ``relaykit runs``; ``exclude_evals`` leaves out candidate runs
+    of evaluations (``RelayEvalOf``; only where the namespace has it registered)."""
     parts = [f"WorkflowType = {_quote(AGENT_RUN_WORKFLOW)}"]
+    if exclude_evals:
+        parts.append("RelayEvalOf IS NULL")
     if status is not None:
         parts.append(f"({STATUS_FILTERS[status]})")
     if agent is not None:
@@ -462,9 +467,16 @@ async def list_runs(
     limit: int = 50,
     tenant: str | None = None,
     query: str | None = None,
+    evals: bool = False,
 ) -> list[RunRow]:
+    """Runs, newest first; candidate runs of evaluations only with ``evals``."""
+    from relaykit.search_attributes import eval_registered
+
+    exclude = not evals and await eval_registered(client)
     rows = []
-    found = client.list_workflows(runs_query(status, agent, roots, tenant, query), limit=limit)
+    found = client.list_workflows(
+        runs_query(status, agent, roots, tenant, query, exclude_evals=exclude), limit=limit
+    )
     async for execution in found:
         rows.append(_row(execution))
     return rows

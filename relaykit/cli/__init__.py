@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from relaykit.cli import deploy, operate, runs, serve
+from relaykit.cli import deploy, evals, operate, runs, serve
 from relaykit.cli.common import ui_url
 
 __all__ = ["app", "main", "ui_url"]
@@ -77,6 +77,7 @@ app.command()(operate.inbox)
 app.command()(operate.steer)
 app.command()(operate.fork)
 app.command()(operate.budget)
+app.command("eval")(evals.evaluate)
 app.add_typer(deploy.deployment_app, name="deployment")
 
 

@@ -36,6 +36,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.client import DEFAULT_TASK_QUEUE, get_run, task_queue_has_worker
 from relaykit.runs import PendingApproval, RunEvent
+from relaykit.search_attributes import eval_registered
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
 
 QUERY_TIMEOUT = 5.0
@@ -49,11 +50,13 @@ DEFAULT_LIMIT = 2000
 """Waiting runs listed at most (the oldest waits are shown first)."""
 
 
-def waiting_runs_query() -> str:
-    """The visibility query that names the root runs waiting for a person."""
+def waiting_runs_query(exclude_evals: bool = False) -> str:
+    """The visibility query that names the root runs waiting for a person; ``exclude_evals``
+    leaves out candidate runs of evaluations (``RelayEvalOf``, where the namespace has it)."""
     return (
         f"WorkflowType = '{AGENT_RUN_WORKFLOW}' AND RelayStatus = 'waiting_approval' "
         "AND ExecutionStatus = 'Running' AND RelayParentRun IS NULL"
+        + (" AND RelayEvalOf IS NULL" if exclude_evals else "")
     )
 
 
@@ -173,7 +176,8 @@ async def list_pending(
     call for a moment after the answer was accepted.
     """
     queues: dict[str, str] = {}
-    async for execution in client.list_workflows(waiting_runs_query(), limit=limit):
+    query = waiting_runs_query(exclude_evals=await eval_registered(client))
+    async for execution in client.list_workflows(query, limit=limit):
         queues[execution.id] = execution.task_queue
     listing = InboxListing(runs=len(queues))
     # A query to a run nobody serves would only time out: ask each task queue once instead.
@@ -216,7 +220,9 @@ async def list_pending(
 
 async def _budget_waits(client: Client, limit: int) -> list[BudgetWait]:
     """The root runs at their dollar limit, with what they spent (when their worker answers)."""
-    query = waiting_runs_query().replace("'waiting_approval'", "'budget_reached'")
+    query = waiting_runs_query(exclude_evals=await eval_registered(client)).replace(
+        "'waiting_approval'", "'budget_reached'"
+    )
     waits = [
         BudgetWait(run_id=execution.id, ui_url=ui_url(execution.id, client.namespace))
         async for execution in client.list_workflows(query, limit=limit)

@@ -140,6 +140,7 @@ class AgentToolKind(ToolKind):
             parent_workflow_id=info.workflow_id,
             unattended=run.input.unattended,
             budget_from=spend.budget_from(),
+            evaluation=prepared.evaluation,  # in an evaluation: the recorded child's calls
         )
         try:
             return await self._child(child_input, child_id, prompt)

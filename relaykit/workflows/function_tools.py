@@ -31,6 +31,7 @@ class FunctionTool(ToolKind):
         self.name = entry.name
         self.approval_timeout = entry.approval_timeout
         self.max_output_chars = entry.max_output_chars
+        self.effect = entry.effect
 
     def spec(self) -> ToolSpec:
         return self.entry.spec

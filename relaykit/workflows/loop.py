@@ -331,6 +331,7 @@ class TurnLoop:
             transcript_ref=state.context_ref,
             transcript_offset=state.transcript_offset,
             forked_from=str(self.input.fork) if self.input.fork is not None else None,
+            evaluation=self.tools.recorded.calls if self.tools.recorded is not None else None,
         )
 
     # --- 4. the switch --------------------------------------------------------------------------

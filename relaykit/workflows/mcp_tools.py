@@ -123,6 +123,7 @@ class MCPTool(ToolKind):
         self.name = entry.name
         self.approval_timeout = entry.approval_timeout
         self.max_output_chars = entry.server.max_output_chars
+        self.effect = entry.info.effect
 
     def spec(self) -> ToolSpec:
         info = self.entry.info

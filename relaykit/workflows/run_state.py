@@ -343,10 +343,13 @@ class Run:
             return None
         from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-        from relaykit.search_attributes import RELAY_PARENT_RUN
+        from relaykit.search_attributes import RELAY_EVAL_OF, RELAY_PARENT_RUN
 
-        parent = SearchAttributePair(RELAY_PARENT_RUN, workflow.info().workflow_id)
-        return TypedSearchAttributes([parent])
+        pairs: list[Any] = [SearchAttributePair(RELAY_PARENT_RUN, workflow.info().workflow_id)]
+        evaluation = self.input.evaluation
+        if evaluation is not None and evaluation.mark:  # a candidate's children are candidates
+            pairs.append(SearchAttributePair(RELAY_EVAL_OF, evaluation.recorded_run))
+        return TypedSearchAttributes(pairs)
 
     # --- background signals ---------------------------------------------------------------------
 

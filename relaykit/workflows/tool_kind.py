@@ -68,6 +68,9 @@ class Prepared:
     needs_approval: bool = False
     """The call waits for a person's decision before it runs (set by the tool path from
     :meth:`ToolKind.approval_hint`)."""
+    evaluation: Any = None
+    """In a candidate run of an evaluation, an agent-tool call's recorded child
+    (:class:`~relaykit.eval_context.EvalContext`): the child runs as a candidate against it."""
 
 
 class ToolKind:
@@ -79,6 +82,10 @@ class ToolKind:
     """Runs after the turn's other calls, and only the first of a turn runs (handoffs)."""
     approval_timeout: timedelta | None = None
     """How long a person may take to decide (``None``: no limit)."""
+    effect: str = "write"
+    """What a call does to the world (``"read"``, ``"idempotent"``, ``"write"``), as far as the
+    kind knows; an evaluation runs only unmatched ``"read"`` calls live
+    (:mod:`relaykit.workflows.eval_calls`). Kinds that do not declare one count as writes."""
     guard_patch: str = GUARD_PATCH
     """The patch id under which the loop guard refuses this kind's repeats (docs/replay.md)."""
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS

@@ -54,6 +54,7 @@ from relaykit.workflows.agent_tools import ChildIds
 from relaykit.workflows.approvals import Approvals, Gate
 from relaykit.workflows.call_decisions import CallDecisions
 from relaykit.workflows.call_record import TIMEOUT_ON_REPLAY, Ask, Slot
+from relaykit.workflows.eval_calls import RecordedTools
 from relaykit.workflows.loop_guard import check_repeat
 from relaykit.workflows.mcp_tools import MCPTools
 from relaykit.workflows.run_state import Run, head
@@ -92,6 +93,9 @@ class ToolPath:
         )
         self._rules: dict[int, bool | Message] = {}
         """This turn's answers of the tools' approval rules, by call object (see :meth:`_rule`)."""
+        evaluation = run.input.evaluation
+        self.recorded = RecordedTools(run, evaluation) if evaluation is not None else None
+        """A candidate run of an evaluation: its calls answered from the recording."""
 
     # --- what an agent may call -----------------------------------------------------------------
 
@@ -325,6 +329,11 @@ class ToolPath:
         self, agent: Agent, kind: ToolKind, prepared: Prepared, slot: Slot
     ) -> tuple[Message, tuple[Handoff, str | None] | None]:
         run, call = self.run, prepared.call
+        if self.recorded is not None and not kind.barrier:  # an evaluation's candidate run
+            answered = self.recorded.answer(kind, call)
+            if isinstance(answered, ToolResult):
+                return run.tool_message(call, answered.content, is_error=answered.is_error), None
+            prepared.evaluation = answered  # a recorded child to run against, or live
         needed, timeout = self._approval(kind, prepared, slot)
         if needed:
             refusal = await self.approvals.decide(agent, kind, call, timeout)
