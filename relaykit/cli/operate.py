@@ -1,5 +1,6 @@
-"""Commands for operating runs from outside: ``relaykit inbox`` (every waiting approval of a
-namespace on one page), ``relaykit steer`` (correct a run while its model is thinking),
+"""Commands for operating runs from outside: ``relaykit console`` (runs, what they wait for and
+the actions people take on them), ``relaykit inbox`` (every waiting approval of a namespace on
+one page), ``relaykit steer`` (correct a run while its model is thinking),
 ``relaykit fork`` (a new run from a turn of an existing one) and ``relaykit budget`` (a run's
 dollar limit: raise it, set it, or end the run with its best answer so far)."""
 
@@ -156,11 +157,7 @@ async def budget(
 
 
 async def serve_inbox(*, host: str, port: int, address: str | None, namespace: str | None) -> None:
-    from temporalio.service import RPCError
-
-    from relaykit.errors import RelaykitError
     from relaykit.inbox.app import InboxAuth, inbox_app, is_loopback
-    from relaykit.inbox.pending import waiting_runs_query
 
     authorization = os.environ.get(INBOX_AUTH_ENV) or None
     if authorization is None and not is_loopback(host):
@@ -169,22 +166,9 @@ async def serve_inbox(*, host: str, port: int, address: str | None, namespace: s
             "reaches it could approve tool calls",
             hint=f'set {INBOX_AUTH_ENV}="Bearer <token>", or listen on 127.0.0.1',
         )
-    try:
-        import uvicorn
-    except ImportError:
-        raise RelaykitError(
-            "the inbox needs uvicorn and starlette", hint="pip install 'relaykit[codec]'"
-        ) from None
+    uvicorn = _uvicorn("the inbox")
     client = await _client(address, namespace)
-    try:  # an unregistered search attribute fails here, once, instead of on every refresh
-        async for _ in client.list_workflows(waiting_runs_query(), limit=1):
-            break
-    except RPCError as exc:
-        raise RelaykitError(
-            f"Temporal: {exc.message}",
-            hint="relaykit's search attributes must be registered on the namespace "
-            "(see the README's Production section)",
-        ) from None
+    await _check_attributes(client)
     sock, url = listening_socket(host, port)
     auth = InboxAuth(authorization)
     guarded = f" ({INBOX_AUTH_ENV} required)" if authorization else ""
@@ -195,3 +179,114 @@ async def serve_inbox(*, host: str, port: int, address: str | None, namespace: s
     app: Any = inbox_app(client, authorization=authorization)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     await server.serve(sockets=[sock])
+
+
+@command
+async def console(
+    host: Annotated[
+        str,
+        typer.Option(help="Interface to listen on (loopback unless people must sign in)"),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port)")] = 8766,
+    users: Annotated[
+        str | None,
+        typer.Option(
+            "--users",
+            help="TOML file of people: [users.NAME] role = viewer|operator|approver, token = … "
+            "(default RELAYKIT_CONSOLE_USERS_FILE; RELAYKIT_CONSOLE_USERS adds NAME=ROLE:TOKEN,…)",
+        ),
+    ] = None,
+    trust_header: Annotated[
+        str | None,
+        typer.Option(
+            "--trust-header",
+            help="Take the person's name from this header, set by your authenticating reverse "
+            "proxy (e.g. X-Forwarded-User); roles from --users and --default-role",
+        ),
+    ] = None,
+    default_role: Annotated[
+        str | None,
+        typer.Option(help="Role of a --trust-header name the users file does not list"),
+    ] = None,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Serve the run console: runs and what they wait for, each run's conversation, children
+    and costs, and actions (approve, steer, send, pause, resume, fork, cancel, budget) taken
+    by signed-in people whose names the runs record (docs/console.md)."""
+    import getpass
+
+    from relaykit.console.app import console_app
+    from relaykit.console.people import ROLES, People
+    from relaykit.inbox.app import is_loopback
+
+    if default_role is not None and default_role not in ROLES:
+        raise RelaykitError(
+            f"--default-role must be one of {', '.join(ROLES)}, not {default_role!r}"
+        )
+    people = People.configure(
+        users_file=users,
+        trust_header=trust_header,
+        default_role=default_role,
+        local_user=getpass.getuser(),
+    )
+    if not people.guarded and not is_loopback(host):
+        raise RelaykitError(
+            f"refusing to serve the console on {host} without sign-in: anyone who reaches it "
+            "could act on runs",
+            hint="give --users FILE (or RELAYKIT_CONSOLE_USERS), or --trust-header behind a proxy",
+        )
+    uvicorn = _uvicorn("the console")
+    client = await _client(address, namespace)
+    await _check_attributes(client)
+    sock, url = listening_socket(host, port)
+    how = (
+        f"people sign in ({len(people.users)} known)"
+        if people.needs_sign_in
+        else f"names from {trust_header}"
+        if trust_header
+        else f"as {people.local_user}, loopback only"
+    )
+    err_console.print(
+        f"console on {url} for namespace {client.namespace} ({how}); "
+        f"a run's page: {url}/runs/RUN_ID",
+        highlight=False,
+    )
+    import logging
+
+    from relaykit.console import app as console_module
+
+    said = logging.StreamHandler()
+    said.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    console_module.logger.addHandler(said)
+    console_module.logger.setLevel(logging.INFO)
+    app: Any = console_app(client, people)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    await server.serve(sockets=[sock])
+
+
+def _uvicorn(what: str) -> Any:
+    try:
+        import uvicorn
+    except ImportError:
+        raise RelaykitError(
+            f"{what} needs uvicorn and starlette", hint="pip install 'relaykit[codec]'"
+        ) from None
+    return uvicorn
+
+
+async def _check_attributes(client: Any) -> None:
+    """An unregistered search attribute fails here, once, instead of on every page."""
+    from temporalio.service import RPCError
+
+    from relaykit.inbox.pending import waiting_runs_query
+
+    try:
+        async for _ in client.list_workflows(waiting_runs_query(), limit=1):
+            break
+    except RPCError as exc:
+        raise RelaykitError(
+            f"Temporal: {exc.message}",
+            hint="relaykit's search attributes must be registered on the namespace "
+            "(see the README's Production section)",
+        ) from None

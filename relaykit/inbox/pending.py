@@ -23,6 +23,7 @@ import json
 import os
 import time
 from datetime import UTC, datetime
+from inspect import signature
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -252,6 +253,8 @@ class Decided(BaseModel):
     tool: str
     approved: bool
     reason: str | None = None
+    by: str | None = None
+    """Who decided, when the decision names them (the console's signed-in person)."""
 
 
 _CLOSED_WORDS = {
@@ -272,10 +275,17 @@ def _answered(events: list[RunEvent], call_id: str) -> bool:
 
 
 async def decide(
-    client: Client, run_id: str, call_id: str, *, approve: bool, reason: str | None = None
+    client: Client,
+    run_id: str,
+    call_id: str,
+    *,
+    approve: bool,
+    reason: str | None = None,
+    by: str | None = None,
 ) -> Decided:
     """Answer one waiting call, as ``relaykit approve`` does (the model reads ``reason`` after a
-    rejection); raises :class:`DecideError` when it cannot be answered."""
+    rejection; ``by`` names who decided); raises :class:`DecideError` when it cannot be
+    answered."""
     run = get_run(client, run_id)
     try:
         description = await run.workflow.describe()
@@ -310,12 +320,13 @@ async def decide(
             f"(waiting: {', '.join(waiting) or 'none'})",
         )
     try:
-        answered = await run.approve(call_id, approved=approve, reason=reason)
+        author = {"by": by} if by and "by" in signature(run.approve).parameters else {}
+        answered = await run.approve(call_id, approved=approve, reason=reason, **author)
     except WorkflowUpdateFailedError as exc:  # answered by someone else a moment ago
         message = str(getattr(exc.cause, "message", exc.cause))
         raise DecideError("conflict", message) from None
     return Decided(
-        run_id=run_id, call_id=call_id, tool=answered.tool, approved=approve, reason=reason
+        run_id=run_id, call_id=call_id, tool=answered.tool, approved=approve, reason=reason, by=by
     )
 
 
