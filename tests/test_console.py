@@ -1,0 +1,200 @@
+"""The run console (``relaykit console``) in headless Chromium, against the real dev server, a
+real worker and the real ``relaykit console`` process, with three people: an approver, an
+operator and a viewer (``RELAYKIT_CONSOLE_USERS``)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client
+
+from relaykit import Agent, Budget, RunHandle, start_run, tool
+from relaykit.devserver import DEFAULT_UI_URL, DevServer
+from relaykit.models.spec import ModelSpec, Price
+from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
+from tests.support import scripted_model, serving
+from tests.test_inbox import CHROMIUM_ARGS, REPO_ROOT, _env, _lines, chromium, eventually
+
+__all__ = ["chromium"]  # the fixture, shared with the inbox's tests
+
+PEOPLE = {"alice": "approver", "olga": "operator", "vic": "viewer"}
+TOKENS = {name: f"token-of-{name}-0123456789" for name in PEOPLE}
+PRICE = Price(input=1.0, output=2.0)
+
+
+@dataclass
+class Console:
+    url: str
+    proc: subprocess.Popen[str]
+
+
+def start_console(address: str) -> Console:
+    users = ",".join(f"{name}={role}:{TOKENS[name]}" for name, role in PEOPLE.items())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relaykit.cli", "console", "--port", "0"],
+        cwd=REPO_ROOT,
+        env=_env(address, RELAYKIT_CONSOLE_USERS=users),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = _lines(proc.stderr)
+    try:
+        first = lines.get(timeout=30)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError("relaykit console did not start") from None
+    assert first.startswith("console on "), first
+    return Console(url=first.split()[2], proc=proc)
+
+
+@pytest.fixture(scope="module")
+def console(temporal_server: DevServer) -> Iterator[Console]:
+    started = start_console(temporal_server.address)
+    try:
+        yield started
+    finally:
+        started.proc.terminate()
+        started.proc.wait(timeout=15)
+
+
+@asynccontextmanager
+async def browser_for(chromium: str) -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def signed_in(browser: Any, console: Console, name: str) -> Any:
+    page = await (await browser.new_context(viewport={"width": 1280, "height": 900})).new_page()
+    first = await page.goto(console.url + "/")
+    assert first is not None and first.status == 401
+    await page.fill("input[name=token]", TOKENS[name])
+    await page.click("button[type=submit]")
+    await page.wait_for_selector(f"text={name} (")
+    return page
+
+
+async def confirm(page: Any) -> None:
+    """Every action asks first: the confirmation page names it; say yes."""
+    await page.wait_for_selector("#confirm")
+    await page.click("#confirm")
+
+
+def desks(server: ScriptedModelServer, invocations: list[str]) -> tuple[Agent, Agent]:
+    @tool(needs_approval=True)
+    def refund(order_id: str, amount: int) -> str:
+        """Refund an order."""
+        invocations.append(f"refund {order_id}")
+        return f"refunded {amount} for {order_id}"
+
+    @tool(needs_approval=True)
+    def restart_service(name: str) -> str:
+        """Restart a service."""
+        invocations.append(f"restart {name}")
+        return f"restarted {name}"
+
+    def answering(first: Any, done: str) -> Any:
+        return lambda req: text(f"{done}: {req.tool_results[-1]}") if req.tool_results else first
+
+    billing_model, ops_model = scripted_model(server), scripted_model(server)
+    server.respond(billing_model.name, answering(call("refund", order_id="A-1", amount=30), "b"))
+    server.respond(ops_model.name, answering(call("restart_service", name="db"), "ops"))
+    return (
+        Agent(name="console_billing", model=billing_model, tools=[refund]),
+        Agent(name="console_ops", model=ops_model, tools=[restart_service]),
+    )
+
+
+def approval_by_supported() -> bool:
+    return "by" in inspect.signature(RunHandle.approve).parameters
+
+
+async def test_approvers_decide_from_the_runs_list_and_a_viewer_sees_no_button_and_gets_403(
+    client: Client, model_server: ScriptedModelServer, console: Console, chromium: str
+) -> None:
+    # alice approves one call and rejects another with a reason from the runs list: the runs
+    # finish, the approved tool ran once, the model read the reason, the decisions carry her
+    # name. vic (viewer) sees the calls without buttons, and his posts are refused with 403.
+    invocations: list[str] = []
+    billing, ops = desks(model_server, invocations)
+    async with serving(client, [billing, ops]) as worker, browser_for(chromium) as browser:
+        paid = await start_run(client, billing, "refund A-1", task_queue=worker.task_queue)
+        fixed = await start_run(client, ops, "restart the db", task_queue=worker.task_queue)
+        page = await signed_in(browser, console, "alice")
+        cookies = {c["name"]: c for c in await page.context.cookies()}
+        assert cookies["relaykit_console"]["httpOnly"] and TOKENS["alice"] not in str(cookies)
+
+        async def both_listed() -> bool:
+            await page.goto(console.url + "/approvals")
+            rows = page.locator(f'tr[data-run="{paid.id}"], tr[data-run="{fixed.id}"]')
+            return await rows.locator("form[data-action=approve]").count() == 2
+
+        await eventually(both_listed, "both calls with their buttons on the runs list", 30)
+        counts = await page.locator('.counts a[data-reason="approval"]').inner_text()
+        assert int(counts.rsplit(" ", 1)[1]) >= 2
+        row = page.locator(f'tr[data-run="{paid.id}"]')
+        assert "refund" in await row.inner_text() and "A-1" in await row.inner_text()
+        assert "approval" in await row.inner_text()  # what it waits for
+        await row.get_by_role("button", name="Approve").click()
+        await confirm(page)
+        await page.wait_for_selector("text=approved refund")
+        row = page.locator(f'tr[data-run="{fixed.id}"]')
+        await row.locator("input[name=reason]").fill("the db is mid-migration")
+        await row.get_by_role("button", name="Reject").click()
+        await page.wait_for_selector("text=the db is mid-migration")  # the confirmation says it
+        await confirm(page)
+        await page.wait_for_selector("text=rejected restart_service")
+        results = [await paid.result(), await fixed.result()]
+        answered = [e for e in await paid.events() if e.kind == "approval_answered"]
+
+        viewer = await signed_in(browser, console, "vic")
+        await viewer.goto(f"{console.url}/runs/{paid.id}")
+        await viewer.wait_for_selector("text=refund")
+        assert await viewer.locator("button", has_text="Approve").count() == 0
+        assert await viewer.locator("form.act").count() == 0
+        refused = await viewer.request.post(
+            f"{console.url}/runs/{fixed.id}/act",
+            form={"action": "cancel", "confirmed": "1", "csrf": "x"},
+        )
+        assert refused.status == 403
+        session = {"relaykit_console": cookies["relaykit_console"]["value"]}
+        async with httpx.AsyncClient(timeout=30) as http, httpx.AsyncClient(
+            timeout=30, cookies=session
+        ) as alice:
+            as_viewer = await http.post(
+                f"{console.url}/api/runs/{fixed.id}/cancel",
+                json={},
+                headers={"authorization": f"Bearer {TOKENS['vic']}"},
+            )
+            assert as_viewer.status_code == 403 and "viewer" in as_viewer.json()["error"]
+            nobody = await http.get(f"{console.url}/api/runs")
+            assert nobody.status_code == 401
+            forged = await alice.post(
+                f"{console.url}/runs/{fixed.id}/act", data={"action": "cancel", "confirmed": "1"}
+            )
+            assert forged.status_code == 403  # a cookie without the form's CSRF token
+    assert invocations == ["refund A-1"]
+    assert results[0].output.startswith("b: refunded 30")
+    assert isinstance(ops.model, ModelSpec)
+    [read] = [r for r in model_server.requests(ops.model.name) if r.tool_results]
+    assert "the db is mid-migration" in read.tool_results[-1]
+    assert answered and answered[0].data["approved"] is True
+    if approval_by_supported():
+        assert answered[0].data.get("by") == "alice"
