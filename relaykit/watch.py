@@ -54,11 +54,19 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def describe(item: StreamEvent) -> str:
-    """One line of text for an event (not for deltas)."""
+    """One line of text for an event (not for deltas); an operator action's ends with who took
+    it."""
+    line = _describe(item)
+    by = item.data.get("by")
+    return f"{line} · by {by}" if by and isinstance(by, str) else line
+
+
+def _describe(item: StreamEvent) -> str:
     data = item.data
     kind = item.kind
     if kind == "run_started":
-        return f"started: {_short(data.get('input', ''))}"
+        fork = f" (fork of {data['forked_from']})" if data.get("forked_from") else ""
+        return f"started{fork}: {_short(data.get('input', ''))}"
     if kind == "message":
         return _short(data.get("text", ""), 200)
     if kind == "model_call":
@@ -97,6 +105,14 @@ def describe(item: StreamEvent) -> str:
             " (the model call in flight was abandoned)" if data.get("cancelled_call") else ""
         )
         return f"steered: {_short(data.get('text', ''))}{abandoned}"
+    if kind in ("paused", "resumed"):
+        return kind
+    if kind == "cancelled":
+        why = f": {_short(data['reason'], 100)}" if data.get("reason") else ""
+        return f"cancel requested{why}"
+    if kind == "budget_changed":
+        limit = format_usd(float(data.get("limit") or 0))
+        return "finish requested" if data.get("finish") else f"dollar limit now {limit}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"
     if kind == "subagent_finished":

@@ -12,8 +12,10 @@ from typing import Annotated, Any
 import typer
 from temporalio.client import WorkflowUpdateFailedError
 
+from relaykit.authors import author
 from relaykit.cli.common import (
     AddressOpt,
+    AsOpt,
     JsonOpt,
     NamespaceOpt,
     RunIdArg,
@@ -52,6 +54,7 @@ async def inbox(
 async def steer(
     run_id: RunIdArg,
     text: Annotated[str, typer.Argument(help="Message for the model, now")],
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -59,10 +62,11 @@ async def steer(
     the next one starts at once with this message; a summary of older turns in flight
     finishes first; otherwise the same as `send`."""
     _text_arg(text, "message")
+    by = _text_arg(author(by), "name")
     handle, description = await _served_handle(run_id, address, namespace, "be steered")
     await refuse_if_stuck(handle, description)
     queue = description.task_queue or DEFAULT_TASK_QUEUE
-    if await unless_stuck(handle, queue, handle.steer(text)):
+    if await unless_stuck(handle, queue, handle.steer(text, by=by)):
         print("steered: the model call in flight was cancelled; the next one has your message")
     else:
         print("queued: no turn's model call in flight, the next one has your message")
@@ -75,6 +79,7 @@ async def fork(
     new_id: Annotated[str | None, typer.Option("--id", help="Workflow id of the new run")] = None,
     text: Annotated[str | None, typer.Option("--input", help="A user message after turn N")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the new run's answer")] = False,
+    by: AsOpt = None,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -84,8 +89,9 @@ async def fork(
     from relaykit.fork import fork_run
 
     _text_arg(text, "input")
+    by = _text_arg(author(by), "name")
     client = await _client(address, namespace)
-    handle = await fork_run(client, run_id, at_turn, input=text, id=new_id)
+    handle = await fork_run(client, run_id, at_turn, input=text, id=new_id, by=by)
     print(handle.id, flush=True)
     if not wait:
         return
@@ -105,9 +111,7 @@ async def budget(
         bool, typer.Option("--finish", help="One last call without tools for the best answer")
     ] = False,
     cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the run")] = False,
-    by: Annotated[
-        str | None, typer.Option("--as", help="Who changes it (default: your user name)")
-    ] = None,
+    by: AsOpt = None,
     as_json: JsonOpt = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -131,10 +135,10 @@ async def budget(
     for name, amount in (("--raise", raise_by), ("--set", set_to)):
         if amount is not None and not amount > 0:
             raise RelaykitError(f"{name} needs a positive amount of dollars, not {amount}")
-    _text_arg(by, "name")
+    by = _text_arg(author(by), "name")
     handle, _ = await _served_handle(run_id, address, namespace, "change its budget")
     if cancel:
-        await handle.cancel()
+        await handle.cancel(by=by)
         print("cancel requested: the run stops at its next step")
         return
     if not chosen:

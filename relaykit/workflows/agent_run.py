@@ -19,6 +19,7 @@ from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
 from relaykit import errors, registry
+from relaykit.authors import MAX_AUTHOR_LENGTH, received_author
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
@@ -229,45 +230,52 @@ class AgentRun:
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 
+    # Each handler takes who acted (``by``) as an optional argument after its old ones: an old
+    # client's call has no name, and a new client's call to an old worker still acts (the SDK
+    # drops arguments a handler does not take). See relaykit.authors.
+
     @workflow.update
-    def steer(self, text: str) -> bool:
+    def steer(self, text: str, by: str = "") -> bool:
         """Correct the run now: ``text`` goes to the next model call, and the turn's call in
         flight (if any) is cancelled, its answer unused; returns whether a call was cancelled. A
         summary call in flight is left to finish: the turn's call after it has ``text``."""
-        return self._loop.steer(text)
+        return self._loop.steer(text, received_author(by))
 
     @steer.validator
-    def _validate_steer(self, text: str) -> None:
-        self._validate_send_message(text)
+    def _validate_steer(self, text: str, by: str = "") -> None:
+        self._validate_send_message(text, by)
 
     @workflow.update
-    def send_message(self, text: str) -> int:
+    def send_message(self, text: str, by: str = "") -> int:
         """Queue a user message for the next turn boundary; returns its place in the queue."""
-        return self._loop.run_state.queue_message(text)
+        return self._loop.run_state.queue_message(text, received_author(by))
 
     @send_message.validator
-    def _validate_send_message(self, text: str) -> None:
+    def _validate_send_message(self, text: str, by: str = "") -> None:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("a message needs non-empty text")
+        if not isinstance(by, str) or len(by) > MAX_AUTHOR_LENGTH:
+            raise ValueError(f"a name is a string of at most {MAX_AUTHOR_LENGTH} characters")
         if self._loop.state.status in ("completed", "failed", "cancelled"):
             raise ValueError(f"the run has {self._loop.state.status}")
 
     @workflow.signal(name="send_message_signal")
-    def send_message_signal(self, text: str) -> None:
+    def send_message_signal(self, text: str, by: str = "") -> None:
         if isinstance(text, str) and text.strip():
-            self._loop.run_state.queue_message(text)
+            self._loop.run_state.queue_message(text, received_author(by))
 
     @workflow.signal
-    def pause(self) -> None:
+    def pause(self, by: str = "") -> None:
         """Stop at the next turn boundary (no model call starts while paused)."""
-        self._loop.run_state.set_paused(True)
+        self._loop.run_state.set_paused(True, received_author(by))
 
     @workflow.signal
-    def resume(self, text: str | None = None) -> None:
+    def resume(self, text: str | None = None, by: str = "") -> None:
         """Continue a paused run, optionally with a message for the model."""
+        name = received_author(by)
         if text:
-            self._loop.run_state.queue_message(text)
-        self._loop.run_state.set_paused(False)
+            self._loop.run_state.queue_message(text, name)
+        self._loop.run_state.set_paused(False, name)
 
 
 def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:

@@ -10,8 +10,8 @@ ends the run (:meth:`Run.fail`).
 Direction of data: :mod:`relaykit.workflows.loop` drives the run and is the only module that
 decides (turn, switch, finish); the tool path, approvals, handoffs, child runs, MCP and long runs
 receive the :class:`Run` they work on and return an outcome. Each part of the state has one
-writer (:data:`STATE_WRITERS`). None of them imports the loop, and
-this module imports no other module of :mod:`relaykit.workflows` but the transcript seam.
+writer (:data:`STATE_WRITERS`). None of them imports the loop, and this module imports no other
+module of :mod:`relaykit.workflows` but the transcript seam.
 
 Workflow code: deterministic, no I/O.
 """
@@ -75,7 +75,9 @@ STATE_WRITERS: dict[str, str] = {
     "usage": "run_state",
     "setup": "run_state",
     "mailbox": "run_state",
+    "mailbox_by": "run_state",
     "paused": "run_state",
+    "paused_by": "run_state",
     "spend": "spend",
     # one mechanism each
     "pending_approvals": "approvals",
@@ -272,19 +274,22 @@ class Run:
 
     # --- what people send: messages and pauses (the workflow's signal and update handlers) ------
 
-    def queue_message(self, text: str) -> int:
-        """A user message for the next turn boundary; returns its place in the queue."""
+    def queue_message(self, text: str, by: str = "") -> int:
+        """A user message for the next turn boundary and who sent it; returns its place."""
         self.state.mailbox.append(text)
+        self.state.mailbox_by.append(by)
         return len(self.state.mailbox)
 
-    def take_messages(self) -> list[str]:
-        """At a turn boundary: the queued messages, in the order they came."""
-        taken = list(self.state.mailbox)
-        self.state.mailbox.clear()
+    def take_messages(self) -> list[tuple[str, str]]:
+        """At a turn boundary: the queued messages in order, each with who sent it."""
+        state = self.state  # messages carried from before names were kept come first, unnamed
+        names = [""] * (len(state.mailbox) - len(state.mailbox_by)) + state.mailbox_by
+        taken = list(zip(state.mailbox, names, strict=True))
+        del state.mailbox[:], state.mailbox_by[:]
         return taken
 
-    def set_paused(self, paused: bool) -> None:
-        self.state.paused = paused
+    def set_paused(self, paused: bool, by: str = "") -> None:
+        self.state.paused, self.state.paused_by = paused, by
 
     # --- usage, budget, failure -----------------------------------------------------------------
 
