@@ -5,7 +5,7 @@ operator and a viewer (``RELAYKIT_CONSOLE_USERS``)."""
 from __future__ import annotations
 
 import asyncio
-import inspect
+import os
 import queue
 import subprocess
 import sys
@@ -19,7 +19,7 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from relaykit import Agent, Budget, RunHandle, start_run, tool
+from relaykit import Agent, Budget, get_run, start_run, tool
 from relaykit.devserver import DEFAULT_UI_URL, DevServer
 from relaykit.models.spec import ModelSpec, Price
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
@@ -122,10 +122,6 @@ def desks(server: ScriptedModelServer, invocations: list[str]) -> tuple[Agent, A
     )
 
 
-def approval_by_supported() -> bool:
-    return "by" in inspect.signature(RunHandle.approve).parameters
-
-
 async def test_approvers_decide_from_the_runs_list_and_a_viewer_sees_no_button_and_gets_403(
     client: Client, model_server: ScriptedModelServer, console: Console, chromium: str
 ) -> None:
@@ -175,9 +171,10 @@ async def test_approvers_decide_from_the_runs_list_and_a_viewer_sees_no_button_a
         )
         assert refused.status == 403
         session = {"relaykit_console": cookies["relaykit_console"]["value"]}
-        async with httpx.AsyncClient(timeout=30) as http, httpx.AsyncClient(
-            timeout=30, cookies=session
-        ) as alice:
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            httpx.AsyncClient(timeout=30, cookies=session) as alice,
+        ):
             as_viewer = await http.post(
                 f"{console.url}/api/runs/{fixed.id}/cancel",
                 json={},
@@ -196,5 +193,138 @@ async def test_approvers_decide_from_the_runs_list_and_a_viewer_sees_no_button_a
     [read] = [r for r in model_server.requests(ops.model.name) if r.tool_results]
     assert "the db is mid-migration" in read.tool_results[-1]
     assert answered and answered[0].data["approved"] is True
-    if approval_by_supported():
-        assert answered[0].data.get("by") == "alice"
+    assert answered[0].data["by"] == "alice"
+
+
+SHOTS_ENV = "RELAYKIT_CONSOLE_SCREENSHOTS"
+"""A directory: the run-page test saves the runs list and a run's page there (docs/console.md)."""
+
+
+async def shoot(page: Any, name: str) -> None:
+    where = os.environ.get(SHOTS_ENV)
+    if where:
+        await page.screenshot(path=os.path.join(where, name), full_page=False)
+
+
+def lead_team(server: ScriptedModelServer, held: threading.Event) -> tuple[Agent, Agent]:
+    """A lead that looks something up and asks a researcher (a child run), and a slow agent
+    whose first model call is held until ``held`` is set."""
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"{q}: 13 species"
+
+    researcher_model = scripted_model(server, price=PRICE)
+    server.respond(researcher_model.name, lambda req: text("otters are mustelids"))
+    researcher = Agent(name="console_researcher", model=researcher_model)
+
+    def lead_step(req: ScriptedRequest) -> Any:
+        done = len(req.tool_results)
+        if done == 0:
+            return call("lookup", q="otters")
+        if done == 1:
+            return call("ask_console_researcher", input="what are otters?")
+        return text(f"lead: {req.tool_results[-1]}")
+
+    lead_model = scripted_model(server, price=PRICE)
+    server.respond(lead_model.name, lead_step)
+    lead = Agent(name="console_lead", model=lead_model, tools=[lookup, researcher.as_tool()])
+
+    slow_model = scripted_model(server, price=PRICE)
+
+    def slow_step(req: ScriptedRequest) -> Any:
+        if req.last_user_text == "actually: seals":
+            return text("seals are pinnipeds")
+        return text("otters (the question before the steer)", hold=held)
+
+    server.respond(slow_model.name, slow_step)
+    return lead, Agent(name="console_slow", model=slow_model)
+
+
+async def test_a_runs_page_shows_conversation_children_and_costs_and_operators_steer_fork_and_raise_budgets(  # noqa: E501
+    client: Client, model_server: ScriptedModelServer, console: Console, chromium: str
+) -> None:
+    # olga (operator) reads a finished run's conversation, children and cost by agent, forks it
+    # at turn 1 with new input, steers a run whose model call is held (its live events show the
+    # steer), and raises the budget of a run waiting at its limit; each run records her name.
+    held = threading.Event()
+    lead, slow = lead_team(model_server, held)
+    try:
+        async with serving(client, [lead, slow]) as worker, browser_for(chromium) as browser:
+            queue_ = worker.task_queue
+            done = await start_run(client, lead, "tell me about otters", task_queue=queue_)
+            await done.result()
+            page = await signed_in(browser, console, "olga")
+            await page.goto(f"{console.url}/runs/{done.id}")
+            conversation = await page.locator("ul.conv").first.inner_text()
+            for said in ("tell me about otters", "lookup", '"q": "otters"', "otters: 13 species"):
+                assert said in conversation, said
+            assert "lead: otters are mustelids" in conversation
+            child = page.locator("[data-child]")
+            assert await child.count() == 1
+            assert "console_researcher" in await child.inner_text()
+            assert "completed" in await child.inner_text()
+            costs = await page.locator("h2:has-text('Cost by agent') + table").inner_text()
+            assert "console_lead" in costs and "console_researcher" in costs
+            assert await page.locator("#temporal-ui").get_attribute("href") == (
+                f"{DEFAULT_UI_URL}/namespaces/default/workflows/{done.id}"
+            )
+            await shoot(page, "console-run.png")
+
+            fork = page.locator("form[data-action=fork]")
+            await fork.locator("input[name=turn]").fill("1")
+            await fork.locator("input[name=text]").fill("and what about their diet?")
+            await fork.get_by_role("button", name="Fork at turn").click()
+            await confirm(page)
+            await page.wait_for_selector(f"text=forked {done.id} at turn 1 as")
+            forked_id = page.url.split("/runs/", 1)[1].split("?", 1)[0]
+            assert forked_id != done.id
+            forked = await get_run(client, forked_id).result()
+            assert forked.forked_from == f"{done.id}@1"
+
+            slow_run = await start_run(client, slow, "tell me about otters", task_queue=queue_)
+            capped = await start_run(
+                client,
+                lead,
+                "otters again",
+                task_queue=queue_,
+                budget=Budget(max_usd=0.000001),
+            )
+            assert isinstance(slow.model, ModelSpec)
+            await asyncio.to_thread(model_server.wait_for_requests, slow.model.name, 1)
+            watcher = await page.context.new_page()  # a second tab, open before the steer
+            await watcher.goto(f"{console.url}/runs/{slow_run.id}")
+            await page.goto(f"{console.url}/runs/{slow_run.id}")
+            steer = page.locator("form[data-action=steer]")
+            await steer.locator("input[name=text]").fill("actually: seals")
+            await steer.get_by_role("button", name="Steer").click()
+            await confirm(page)
+            await page.wait_for_selector("text=steered: the model call in flight was cancelled")
+            await watcher.wait_for_selector("#live li:has-text('steered')", timeout=20_000)
+            assert (await slow_run.result()).output == "seals are pinnipeds"
+
+            async def at_its_limit() -> bool:
+                await page.goto(f"{console.url}/?reason=budget")
+                return await page.locator(f'tr[data-run="{capped.id}"]').count() == 1
+
+            await eventually(at_its_limit, "the capped run listed as waiting for budget", 30)
+            await shoot(page, "console-runs.png")
+            await page.goto(f"{console.url}/runs/{capped.id}")
+            budget = page.locator("form[data-action=budget]")
+            await budget.locator("input[name=amount]").fill("1")
+            await budget.get_by_role("button", name="Raise budget").click()
+            await confirm(page)
+            await page.wait_for_selector("text=budget raised by")
+            assert (await capped.result()).output.startswith("lead: ")
+            logged = {
+                kind: [e.data.get("by") for e in await handle.events() if e.kind == kind]
+                for handle, kind in ((slow_run, "steered"), (capped, "budget_changed"))
+            }
+            started = [
+                e for e in await get_run(client, forked_id).events() if e.kind == "run_started"
+            ]
+    finally:
+        held.set()
+    assert logged == {"steered": ["olga"], "budget_changed": ["olga"]}
+    assert started[0].data.get("by") == "olga"

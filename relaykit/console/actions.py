@@ -11,10 +11,7 @@ on (400 bad input, 404 unknown run or call, 409 closed run or answered call, 503
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -41,14 +38,6 @@ class Done:
     """What happened, in the CLI's words."""
     run_id: str
     """The run to show next (a fork's new run)."""
-
-
-async def authored(method: Callable[..., Awaitable[Any]], *args: Any, by: str, **kw: Any) -> Any:
-    """``method(*args, by=by)`` where the client records authors; without it where it does
-    not yet (so the console runs against either client API)."""
-    if "by" in inspect.signature(method).parameters:
-        kw["by"] = by
-    return await method(*args, **kw)
 
 
 def _text(value: str | None, what: str, *, required: bool) -> str | None:
@@ -119,22 +108,22 @@ async def act(client: Client, run_id: str, action: str, fields: dict[str, str], 
 
 async def _on_open_run(handle: RunHandle, action: str, fields: dict[str, str], by: str) -> str:
     if action == "steer":
-        text = _text(fields.get("text"), "message", required=True)
-        if await authored(handle.steer, text, by=by):
+        text = _text(fields.get("text"), "message", required=True) or ""
+        if await handle.steer(text, by=by):
             return "steered: the model call in flight was cancelled; the next one has your message"
         return "queued: no turn's model call in flight, the next one has your message"
     if action == "send":
-        text = _text(fields.get("text"), "message", required=True)
-        await authored(handle.send_message, text, by=by)
+        text = _text(fields.get("text"), "message", required=True) or ""
+        await handle.send_message(text, by=by)
         return "queued: the next turn has your message"
     if action == "pause":
-        await authored(handle.pause, by=by)
+        await handle.pause(by=by)
         return "pause requested: the run pauses at its next turn boundary"
     if action == "resume":
-        await authored(handle.resume, _text(fields.get("text"), "message", required=False), by=by)
+        await handle.resume(_text(fields.get("text"), "message", required=False), by=by)
         return "resumed"
     if action == "cancel":
-        await authored(handle.cancel, by=by)
+        await handle.cancel(by=by)
         return "cancel requested: the run stops at its next step"
     amount = _amount(fields.get("amount"))
     view = await handle.set_budget(raise_by=amount, by=by)
@@ -161,7 +150,7 @@ async def _fork(client: Client, run_id: str, fields: dict[str, str], by: str) ->
         raise ActionError(400, f"fork at a turn number, not {turn_text!r}")
     text = _text(fields.get("text"), "input", required=False)
     try:
-        forked = await authored(fork_run, client, run_id, int(turn_text), input=text, by=by)
+        forked = await fork_run(client, run_id, int(turn_text), input=text, by=by)
     except ForkError as exc:
         raise ActionError(400, str(exc)) from None
     return Done(f"forked {run_id} at turn {turn_text} as {forked.id}", forked.id)

@@ -23,7 +23,6 @@ import json
 import os
 import time
 from datetime import UTC, datetime
-from inspect import signature
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -320,8 +319,7 @@ async def decide(
             f"(waiting: {', '.join(waiting) or 'none'})",
         )
     try:
-        author = {"by": by} if by and "by" in signature(run.approve).parameters else {}
-        answered = await run.approve(call_id, approved=approve, reason=reason, **author)
+        answered = await run.approve(call_id, approved=approve, reason=reason, by=by)
     except WorkflowUpdateFailedError as exc:  # answered by someone else a moment ago
         message = str(getattr(exc.cause, "message", exc.cause))
         raise DecideError("conflict", message) from None
