@@ -328,3 +328,41 @@ async def test_a_runs_page_shows_conversation_children_and_costs_and_operators_s
         held.set()
     assert logged == {"steered": ["olga"], "budget_changed": ["olga"]}
     assert started[0].data.get("by") == "olga"
+
+
+async def test_the_console_says_temporal_is_unreachable_and_comes_back_by_itself(
+    chromium: str,
+) -> None:
+    # Temporal stops while a person has the runs list open: the page, reloading itself, says so
+    # (503, no blank 500) and retries by itself; Temporal back on the same address, the same tab shows the
+    # runs again without anyone reloading it or restarting the console.
+    server = DevServer(port=0, headless=True, in_memory=True).start()
+    console = start_console(server.address)
+    try:
+        async with browser_for(chromium) as browser:
+            page = await signed_in(browser, console, "vic")
+            await page.wait_for_selector("h1:has-text('Runs')")
+            server.stop()
+            statuses: list[int] = []
+            page.on("response", lambda response: statuses.append(response.status))
+            # The open page reloads itself and finds Temporal gone.
+            await page.wait_for_selector("text=Temporal is unreachable", timeout=60_000)
+            assert 503 in statuses and 500 not in statuses
+            text_ = await page.inner_text("body")
+            assert f"Temporal is unreachable at {server.address}" in text_
+            assert "retries by itself" in text_
+            async with httpx.AsyncClient(timeout=60) as http:
+                api = await http.get(
+                    f"{console.url}/api/runs", headers={"authorization": f"Bearer {TOKENS['vic']}"}
+                )
+            assert api.status_code == 503 and api.json()["retry_after"] == 5
+            port = int(server.address.rsplit(":", 1)[1])
+            back = DevServer(port=port, headless=True, in_memory=True).start()
+            try:
+                await page.wait_for_selector("h1:has-text('Runs')", timeout=60_000)
+            finally:
+                back.stop()
+    finally:
+        console.proc.terminate()
+        console.proc.wait(timeout=15)
+        server.stop()
