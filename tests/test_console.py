@@ -309,6 +309,9 @@ async def test_a_runs_page_shows_conversation_children_and_costs_and_operators_s
                 return await page.locator(f'tr[data-run="{capped.id}"]').count() == 1
 
             await eventually(at_its_limit, "the capped run listed as waiting for budget", 30)
+            row = await page.locator(f'tr[data-run="{capped.id}"]').inner_text()
+            assert "spent $" in row and "of $0.000001" in row
+            await page.goto(f"{console.url}/")
             await shoot(page, "console-runs.png")
             await page.goto(f"{console.url}/runs/{capped.id}")
             budget = page.locator("form[data-action=budget]")

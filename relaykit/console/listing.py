@@ -20,6 +20,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
 from relaykit.client import get_run
+from relaykit.pricing import format_usd
 from relaykit.runs import PendingApproval
 from relaykit.search_attributes import (
     RELAY_AGENT,
@@ -223,6 +224,13 @@ async def _read_wait(client: Client, row: ConsoleRow) -> None:
         wedged = await stuck(client, row.run_id)
         if wedged is not None:
             row.reason, row.detail = "stuck", wedged.cause
+    if row.reason == "budget":
+        try:
+            view = (await asyncio.wait_for(handle.state(), DESCRIBE_TIMEOUT)).budget
+        except Exception:  # noqa: BLE001 - shown without its figures
+            view = None
+        if view is not None:
+            row.detail = f"spent {format_usd(view.spent)} of {format_usd(view.limit)}"
     if row.reason == "approval":
         try:
             row.approvals = await asyncio.wait_for(handle.pending_approvals(), DESCRIBE_TIMEOUT)

@@ -257,9 +257,7 @@ def event_line(event: RunEvent) -> str:
     from relaykit.streaming import StreamEvent
     from relaykit.watch import describe
 
-    item = StreamEvent(**event.model_dump(), workflow_id="")
-    by = event.data.get("by")
-    return describe(item) + (f" (by {by})" if by else "")
+    return describe(StreamEvent(**event.model_dump(), workflow_id=""))
 
 
 def _conversation(events: list[RunEvent]) -> str:
