@@ -21,6 +21,7 @@ from temporalio.client import Client
 
 from relaykit import Agent, Budget, get_run, start_run, tool
 from relaykit.devserver import DEFAULT_UI_URL, DevServer
+from relaykit.inbox.app import inbox_app
 from relaykit.models.spec import ModelSpec, Price
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
 from tests.support import scripted_model, serving
@@ -145,6 +146,8 @@ async def test_approvers_decide_from_the_runs_list_and_a_viewer_sees_no_button_a
         await eventually(both_listed, "both calls with their buttons on the runs list", 30)
         counts = await page.locator('.counts a[data-reason="approval"]').inner_text()
         assert int(counts.rsplit(" ", 1)[1]) >= 2
+        await page.goto(f"{console.url}/")
+        await shoot(page, "console-runs.png")
         row = page.locator(f'tr[data-run="{paid.id}"]')
         assert "refund" in await row.inner_text() and "A-1" in await row.inner_text()
         assert "approval" in await row.inner_text()  # what it waits for
@@ -311,8 +314,12 @@ async def test_a_runs_page_shows_conversation_children_and_costs_and_operators_s
             await eventually(at_its_limit, "the capped run listed as waiting for budget", 30)
             row = await page.locator(f'tr[data-run="{capped.id}"]').inner_text()
             assert "spent $" in row and "of $0.000001" in row
-            await page.goto(f"{console.url}/")
-            await shoot(page, "console-runs.png")
+            inbox = httpx.ASGITransport(app=inbox_app(client))  # the inbox's JSON API says it too
+            async with httpx.AsyncClient(transport=inbox, base_url="http://127.0.0.1") as http:
+                waits = (await http.get("/api/budgets")).json()
+            assert {"run_id": capped.id, "limit": 0.000001} in [
+                {"run_id": w["run_id"], "limit": w["limit"]} for w in waits
+            ]
             await page.goto(f"{console.url}/runs/{capped.id}")
             budget = page.locator("form[data-action=budget]")
             await budget.locator("input[name=amount]").fill("1")
@@ -336,9 +343,9 @@ async def test_a_runs_page_shows_conversation_children_and_costs_and_operators_s
 async def test_the_console_says_temporal_is_unreachable_and_comes_back_by_itself(
     chromium: str,
 ) -> None:
-    # Temporal stops while a person has the runs list open: the page, reloading itself, says so
-    # (503, no blank 500) and retries by itself; Temporal back on the same address, the same tab shows the
-    # runs again without anyone reloading it or restarting the console.
+    # Temporal stops while a person has the runs list open: the page, reloading itself, says
+    # so (503, no blank 500) and retries by itself; Temporal back on the same address, the same
+    # tab shows the runs again without anyone reloading it or restarting the console.
     server = DevServer(port=0, headless=True, in_memory=True).start()
     console = start_console(server.address)
     try:

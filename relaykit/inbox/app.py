@@ -3,7 +3,8 @@
 Routes:
 
 - ``GET /``: the page (:mod:`relaykit.inbox.page`); ``POST /decide``: its forms;
-- ``GET /api/pending``: the waiting calls as JSON; ``POST /api/decide``
+- ``GET /api/pending``: the waiting calls as JSON; ``GET /api/budgets``: the root runs waiting
+  at their dollar limit, with what they spent of it; ``POST /api/decide``
   ``{run_id, call_id, approve, reason?}``: 200 with what was decided, 400 for a malformed body,
   404 for an unknown run or call, 409 for a call answered already or a closed run, 503 when no
   worker serves the run;
@@ -341,6 +342,13 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         }
         return secured(JSONResponse([item.model_dump(include=fields) for item in current.items]))
 
+    async def api_budgets(request: Request) -> Response:
+        refused = api_refused(request)
+        if refused is not None:
+            return refused
+        current = await listing()
+        return secured(JSONResponse([wait.model_dump() for wait in current.budgets]))
+
     async def api_decide(request: Request) -> Response:
         refused = api_refused(request)
         if refused is not None:
@@ -411,6 +419,7 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         Route("/signin", sign_in_link, methods=["GET"]),
         Route("/signin", sign_in_form, methods=["POST"]),
         Route("/api/pending", api_pending, methods=["GET"]),
+        Route("/api/budgets", api_budgets, methods=["GET"]),
         Route("/api/decide", api_decide, methods=["POST"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
