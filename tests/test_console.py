@@ -20,6 +20,7 @@ import pytest
 from temporalio.client import Client
 
 from relaykit import Agent, Budget, get_run, start_run, tool
+from relaykit.console.people import Person
 from relaykit.devserver import DEFAULT_UI_URL, DevServer
 from relaykit.inbox.app import inbox_app
 from relaykit.models.spec import ModelSpec, Price
@@ -376,3 +377,64 @@ async def test_the_console_says_temporal_is_unreachable_and_comes_back_by_itself
         console.proc.terminate()
         console.proc.wait(timeout=15)
         server.stop()
+
+
+def test_people_sign_in_with_their_own_token_and_a_forged_session_is_nobody(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tokens from a file (plain or as sha256) and the environment; the session names the person
+    # without holding the token; a session edited to name someone else is refused.
+    import hashlib
+
+    from relaykit.console.people import People
+    from relaykit.errors import RelaykitError
+
+    users = tmp_path / "people.toml"
+    digest = hashlib.sha256(b"bob-secret").hexdigest()
+    users.write_text(
+        '[users.ann]\nrole = "approver"\ntoken = "ann-secret"\n'
+        f'[users.bob]\nrole = "viewer"\ntoken_sha256 = "{digest}"\n'
+    )
+    monkeypatch.setenv("RELAYKIT_CONSOLE_USERS", "cy=operator:cy-secret")
+    people = People.configure(
+        users_file=str(users), trust_header=None, default_role=None, local_user="me"
+    )
+    assert people.needs_sign_in and people.guarded
+    sessions = {name: people.sign_in(f"{name}-secret") for name in ("ann", "bob", "cy")}
+    assert people.sign_in("wrong") is None
+    for name, role in (("ann", "approver"), ("bob", "viewer"), ("cy", "operator")):
+        session = sessions[name]
+        assert session is not None and f"{name}-secret" not in session
+        assert people.person({}, {"relaykit_console": session}) == Person(name, role)
+    forged = b"ann".hex() + sessions["bob"].split(".", 1)[1]  # type: ignore[union-attr]
+    assert people.person({}, {"relaykit_console": forged}) is None
+    assert people.by_bearer({"authorization": "Bearer cy-secret"}) == Person("cy", "operator")
+    users.write_text('[users.dan]\nrole = "admin"\ntoken = "x"\n')
+    with pytest.raises(RelaykitError, match="not one of viewer, operator, approver"):
+        People.configure(users_file=str(users), trust_header=None, default_role=None, local_user="")
+
+
+async def test_a_trusted_header_names_the_person_and_the_mapping_gives_the_role(
+    client: Client,
+) -> None:
+    # Behind a proxy: the header's name, the role from the users mapping or the default role;
+    # without the header, or a name without a role, nobody is signed in.
+    from relaykit.console.app import console_app
+    from relaykit.console.people import People, parse_users_env
+
+    async def ask(people: People, method: str, path: str, name: str | None) -> httpx.Response:
+        transport = httpx.ASGITransport(app=console_app(client, people))
+        headers = {"x-forwarded-user": name} if name else {}
+        async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
+            return await http.request(method, path, headers=headers, json={})
+
+    mapped = parse_users_env("ann=approver:unused")
+    proxied = People(mapped, trust_header="X-Forwarded-User", default_role="viewer")
+    assert (await ask(proxied, "GET", "/api/runs", "ann")).status_code == 200
+    refused = await ask(proxied, "POST", "/api/runs/some-run/cancel", "zed")
+    assert refused.status_code == 403 and "zed is a viewer" in refused.json()["error"]
+    page = await ask(proxied, "GET", "/runs/some-run", "zed")
+    assert page.status_code == 404 and "Cancel run" not in page.text
+    assert (await ask(proxied, "GET", "/api/runs", None)).status_code == 401
+    strict = People(mapped, trust_header="X-Forwarded-User")
+    assert (await ask(strict, "GET", "/api/runs", "zed")).status_code == 401
