@@ -438,3 +438,20 @@ async def test_a_trusted_header_names_the_person_and_the_mapping_gives_the_role(
     assert (await ask(proxied, "GET", "/api/runs", None)).status_code == 401
     strict = People(mapped, trust_header="X-Forwarded-User")
     assert (await ask(strict, "GET", "/api/runs", "zed")).status_code == 401
+
+
+def test_the_console_refuses_to_listen_off_loopback_without_sign_in(
+    temporal_server: DevServer,
+) -> None:
+    # Anyone who reaches a console nobody signs in to could act on runs: one line, status 1.
+    done = subprocess.run(
+        [sys.executable, "-m", "relaykit.cli", "console", "--host", "0.0.0.0", "--port", "0"],
+        cwd=REPO_ROOT,
+        env=_env(temporal_server.address),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: refusing to serve the console on 0.0.0.0 without sign-in")
+    assert "Traceback" not in done.stderr
