@@ -149,6 +149,16 @@ async def test_approvers_decide_from_the_runs_list_and_a_viewer_sees_no_button_a
         assert int(counts.rsplit(" ", 1)[1]) >= 2
         await page.goto(f"{console.url}/")
         await shoot(page, "console-runs.png")
+        for query, shown in (
+            (f"text={paid.id[:-4]}", {paid.id}),
+            ("agent=console_ops&reason=approval", {fixed.id}),
+        ):
+            await page.goto(f"{console.url}/?{query}")
+            rows = await page.locator("tr[data-run]").evaluate_all(
+                "rows => rows.map(r => r.dataset.run)"
+            )
+            assert set(rows) == shown, query
+        await page.goto(f"{console.url}/approvals")
         row = page.locator(f'tr[data-run="{paid.id}"]')
         assert "refund" in await row.inner_text() and "A-1" in await row.inner_text()
         assert "approval" in await row.inner_text()  # what it waits for
