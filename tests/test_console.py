@@ -285,6 +285,11 @@ async def test_a_runs_page_shows_conversation_children_and_costs_and_operators_s
                 f"{DEFAULT_UI_URL}/namespaces/default/workflows/{done.id}"
             )
             await shoot(page, "console-run.png")
+            await child.locator("a").click()  # a child's page: its own conversation
+            await page.wait_for_selector("li[data-kind=final]")
+            assert "what are otters?" in await page.locator("ul.conv").first.inner_text()
+            assert done.id in await page.locator("a", has_text=done.id).first.inner_text()
+            await page.goto(f"{console.url}/runs/{done.id}")
 
             fork = page.locator("form[data-action=fork]")
             await fork.locator("input[name=turn]").fill("1")

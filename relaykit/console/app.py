@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.console.actions import ACTIONS, ActionError, act
 from relaykit.console.listing import RunFilters, reason_counts, runs_page
@@ -265,8 +265,10 @@ def console_app(client: Client, people: People) -> Any:
         try:
             events = await events_since(client, run_id, int(start) if start.isdigit() else 0)
             description = await client.get_workflow_handle(run_id).describe()
-        except RPCError:
-            raise
+        except RPCError as exc:
+            if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
+            return api({"error": f"Temporal: {exc.message}"}, 503, **{"retry-after": "2"})
         except Exception as exc:  # noqa: BLE001 - the page polls again
             return api({"error": str(exc) or type(exc).__name__}, 503, **{"retry-after": "2"})
         from temporalio.client import WorkflowExecutionStatus

@@ -145,9 +145,11 @@ async def read_run(client: Client, run_id: str) -> RunView:
         view.events = await asyncio.wait_for(handle.events(), QUERY_TIMEOUT)
         if view.open:
             view.snapshot = await asyncio.wait_for(handle.state(), QUERY_TIMEOUT)
-    except RPCError:
-        children.cancel()
-        raise
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            children.cancel()
+            raise  # Temporal itself is gone: the page that says so and retries
+        view.unreadable = f"Temporal: {exc.message}"  # e.g. no worker polls its task queue
     except Exception as exc:  # noqa: BLE001 - the page says why
         view.unreadable = _why(exc)
     view.children = await children
