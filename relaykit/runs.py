@@ -238,6 +238,10 @@ class RunSetup(BaseModel):
     started before, which count tokens and requests only."""
     cost_attribute: bool = False
     """Whether the run upserts ``RelayCostUSD`` with the other search attributes."""
+    list_attributes: bool = False
+    """Whether the run also upserts ``RelayWaitingFor`` and ``RelayLastActivity`` (the namespace
+    had them when the run started; recorded by the marker ``relaykit.run-setup.list-attributes``).
+    ``False`` for runs started before."""
 
 
 class SpendState(BaseModel):

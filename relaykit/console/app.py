@@ -31,7 +31,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.console.actions import ACTIONS, ActionError, act
-from relaykit.console.listing import RunFilters, reason_counts, runs_page
+from relaykit.console.listing import RunFilters, runs_page
 from relaykit.console.pages import (
     event_line,
     render_confirm,
@@ -49,6 +49,7 @@ from relaykit.console.people import (
     may,
 )
 from relaykit.console.run_view import RunNotFound, events_since, read_run
+from relaykit.errors import RelaykitError
 from relaykit.inbox.app import _host_name, is_loopback, temporal_problem
 from relaykit.inbox.page import UNREACHABLE_RETRY_SECONDS, render_unreachable
 
@@ -140,12 +141,13 @@ def console_app(client: Client, people: People) -> Any:
         if not isinstance(person, Person):
             return person
         filters = _filters(request.query_params)
-        page = await runs_page(client, filters, request.query_params.get("page", ""))
-        counts = await reason_counts(client, filters)
+        try:
+            page = await runs_page(client, filters, request.query_params.get("page", ""))
+        except RelaykitError as exc:
+            return html(render_message("Not a page of this list", str(exc), person=person), 400)
         nonce = secrets.token_urlsafe(16)
         body = render_runs(
             page,
-            counts,
             filters,
             person=person,
             csrf=csrf_of(request, person),
@@ -227,8 +229,11 @@ def console_app(client: Client, people: People) -> Any:
         if not isinstance(person, Person):
             return person
         filters = _filters(request.query_params)
-        page = await runs_page(client, filters, request.query_params.get("page", ""))
-        counts = await reason_counts(client, filters)
+        try:
+            page = await runs_page(client, filters, request.query_params.get("page", ""))
+        except RelaykitError as exc:
+            return api({"error": str(exc)}, 400)
+        counts = page.counts
         return api(
             {
                 "runs": [row.to_json() for row in page.rows],

@@ -11,13 +11,14 @@ from datetime import UTC, datetime
 from html import escape
 from urllib.parse import quote, urlencode
 
-from relaykit.console.listing import REASONS, ConsoleRow, RunFilters, RunsPage
+from relaykit.console.listing import ConsoleRow, RunFilters, RunsPage
 from relaykit.console.people import ACTION_ROLES, Person, may
 from relaykit.console.run_view import CONVERSATION_KINDS, ChildNode, RunView, arguments_text
 from relaykit.inbox.pending import ui_url
 from relaykit.pricing import format_usd
+from relaykit.run_list import COUNTED_REASONS, REASONS, STATUS_FILTERS
 from relaykit.runs import PendingApproval, RunEvent
-from relaykit.watch import STATUS_FILTERS, age
+from relaykit.watch import age
 
 REFRESH_SECONDS = 10
 LIVE_POLL_SECONDS = 2
@@ -193,7 +194,6 @@ def _select(name: str, chosen: str, options: tuple[str, ...] | list[str]) -> str
 
 def render_runs(
     page: RunsPage,
-    counts: dict[str, int],
     filters: RunFilters,
     *,
     person: Person,
@@ -206,12 +206,11 @@ def render_runs(
     now = now or datetime.now(UTC)
     kept = {k: v for k, v in filters.__dict__.items() if v and k != "roots"}
     back = "/?" + urlencode(kept)
-    names = {"running": "running", "approval": "approval", "budget": "budget", "paused": "paused"}
     chips = "".join(
-        f'<a class="{"on" if key in (filters.reason, filters.status) else ""}" '
-        f'href="/?{urlencode({"reason": key} if key != "running" else {"status": key})}" '
-        f'data-reason="{key}">{label}: <strong>{counts.get(key, 0)}</strong></a>'
-        for key, label in names.items()
+        f'<a class="{"on" if key == filters.reason else ""}" '
+        f'href="/?{urlencode({"reason": key})}" data-reason="{key}">'
+        f"{key.replace('_', ' ')}: <strong>{page.counts.get(key, 0)}</strong></a>"
+        for key in COUNTED_REASONS
     )
     form = (
         '<form class="filters" method="get" action="/">'
@@ -221,7 +220,7 @@ def render_runs(
         + _select("reason", filters.reason, REASONS)
         + f'<input name="tenant" placeholder="tenant" value="{escape(filters.tenant)}" '
         'aria-label="tenant">'
-        f'<input name="text" placeholder="run id, agent or tenant starts with" '
+        f'<input name="text" placeholder="run id starts with" '
         f'value="{escape(filters.text)}" aria-label="text">'
         '<button type="submit">Filter</button> <a href="/">clear</a></form>'
     )

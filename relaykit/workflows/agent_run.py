@@ -32,9 +32,17 @@ from relaykit.runs import (
     RunInput,
     RunResult,
     RunSnapshot,
+    RunState,
     TaskStatus,
 )
-from relaykit.search_attributes import RELAY_AGENT, RELAY_COST_USD, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import (
+    RELAY_AGENT,
+    RELAY_COST_USD,
+    RELAY_LAST_ACTIVITY,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+    RELAY_WAITING_FOR,
+)
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
 from relaykit.workflows.loop import TurnLoop
@@ -56,7 +64,7 @@ class AgentRun:
         self._input, self._input_error = _parse_input(input)
         self._loop = TurnLoop(graph, self._input)
         self._loop.on_change = self._publish
-        self._published: tuple[str, str, int] | None = None
+        self._published: tuple[str, str, int, str] | None = None
 
     @workflow.run
     async def run(self, input: RawValue = NO_INPUT) -> RunResult:
@@ -106,7 +114,7 @@ class AgentRun:
     def _publish(self) -> None:
         """Keep the Temporal UI's current details and search attributes in step with the run."""
         state = self._loop.state
-        key = (state.agent, state.status, state.usage.total_tokens)
+        key = (state.agent, state.status, state.usage.total_tokens, waiting_for(state))
         if key == self._published:
             return
         details = [
@@ -118,9 +126,13 @@ class AgentRun:
                 f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`){why}"
             )
         workflow.set_current_details("\n".join(details))
-        # One upsert per change of agent or status (not per turn: each is a history event).
+        # One upsert per change of agent or status (not per turn: each is a history event), and
+        # in runs that write RelayWaitingFor, per change of what the run waits for.
+        listed = self._loop.setup_flag("list_attributes")
         if self._loop.setup_flag("search_attributes") and (
-            self._published is None or key[:2] != self._published[:2]
+            self._published is None
+            or key[:2] != self._published[:2]
+            or (listed and key[3] != self._published[3])
         ):
             updates: list[SearchAttributeUpdate[Any]] = [
                 RELAY_AGENT.value_set(state.agent),
@@ -129,6 +141,13 @@ class AgentRun:
             ]
             if self._loop.setup_flag("cost_attribute"):
                 updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
+            if listed:
+                updates.append(
+                    RELAY_WAITING_FOR.value_set(key[3])
+                    if key[3]
+                    else RELAY_WAITING_FOR.value_unset()
+                )
+                updates.append(RELAY_LAST_ACTIVITY.value_set(workflow.now()))
             workflow.upsert_search_attributes(updates)
         self._published = key
 
@@ -297,3 +316,14 @@ def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
             '{"agent": "triage", "input": "…"}; see relaykit.RunInput)'
         )
         return RunInput(agent=""), message
+
+
+def waiting_for(state: RunState) -> str:
+    """What the run waits for a person for (``RelayWaitingFor``), ``""`` while it works: a
+    decision on an unknown outcome counts before plain approvals (it is the rarer, riskier)."""
+    if state.status == "waiting_approval":
+        unknown = any(
+            (p.reason or "").startswith("outcome unknown") for p in state.pending_approvals.values()
+        )
+        return "unknown_outcome" if unknown else "approval"
+    return {"budget_reached": "budget", "paused": "paused"}.get(state.status, "")

@@ -34,6 +34,8 @@ from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.semantics import (
     PATCHES,
+    recorded_attribute_choices,
+    recorded_choice,
     recorded_path_checks,
     recorded_semantics,
     recorded_tool_effects,
@@ -50,9 +52,6 @@ do gets a patch of its own, asked for after this one (or a ``v3`` that implies i
 PATCH_RUN_SETUP_V3 = "relaykit.run-setup.v3"
 """v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets, provider queues), by
 one marker."""
-PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
-"""Whether a v3 run upserts ``RelayCostUSD`` with its other search attributes (the namespace had
-it registered when the run started)."""
 PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
 """Model calls on provider queues, in runs recorded with :data:`PATCH_RUN_SETUP_V2` (asked right
 after it: runs recorded with v2 before it have no such marker and keep their queue); runs with
@@ -205,14 +204,12 @@ class Run:
                 event_groups=self.graph.event_groups,
             )
             return
-        search_attributes = _recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
-        event_groups = _recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
+        search_attributes = recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
+        event_groups = recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
         if current:
             choices = dict.fromkeys(NEW_RUN_CHOICES_V3 if v3 else NEW_RUN_CHOICES, True)
             if v3 and search_attributes:
-                choices["cost_attribute"] = _recorded_choice(
-                    PATCH_COST_ATTRIBUTE, self.graph.cost_attribute
-                )
+                choices.update(recorded_attribute_choices(self.graph))
             if not v3:  # provider queues came after v2, with a marker of their own
                 choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
         else:  # recorded before v2: a marker each, in this order
@@ -378,14 +375,6 @@ NEW_RUN_CHOICES = (
 NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets", "provider_queues")
 """Those a run with :data:`PATCH_RUN_SETUP_V3` has on (``dollar_budgets``:
 relaykit.workflows.spend; ``provider_queues``: relaykit.models.queues)."""
-
-
-def _recorded_choice(patch_id: str, configured: bool) -> bool:
-    """A yes/no choice recorded as a patch marker: made from the worker's configuration when the
-    run first executes, read back from the marker when it is replayed (on any worker)."""
-    if workflow.unsafe.is_replaying():
-        return workflow.patched(patch_id)
-    return configured and workflow.patched(patch_id)
 
 
 def head(text: str, limit: int = 500) -> str:
