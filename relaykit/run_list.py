@@ -107,7 +107,7 @@ LIVE_USAGE_TIMEOUT = 2.0
 """Seconds a working run's worker gets to answer the usage query (else the attributes stand)."""
 
 
-class Waiting(BaseModel):
+class RunWaiting(BaseModel):
     """What an open run waits for."""
 
     reason: WaitingReason
@@ -131,7 +131,7 @@ class RunRow(BaseModel):
     status: str
     """relaykit's status while open (``running``, ``waiting_approval``, …), else how it
     closed (``completed``, ``failed``, ``cancelled``, ``terminated``, ``timed_out``, …)."""
-    waiting: Waiting | None = None
+    waiting: RunWaiting | None = None
     tenant: str | None = None
     tokens: int | None = None
     cost_usd: float | None = None
@@ -310,7 +310,9 @@ def row_of(execution: WorkflowExecution) -> RunRow:
         recorded = attrs.get(RELAY_WAITING_FOR)
         reason = _PERSON_REASONS.get(shown)
         if reason is not None:
-            waiting = Waiting(reason="unknown_outcome" if recorded == "unknown_outcome" else reason)
+            waiting = RunWaiting(
+                reason="unknown_outcome" if recorded == "unknown_outcome" else reason
+            )
     activity = [t for t in (attrs.get(RELAY_LAST_ACTIVITY), execution.close_time) if t]
     return RunRow(
         run_id=execution.id,
@@ -356,10 +358,12 @@ async def describe_waiting(
     provider's limit or a retry's backoff of a run that works; and its latest activity."""
     wedge = await stuck_from(client, description)
     if wedge is not None:
-        row.waiting = Waiting(reason="stuck", detail=wedge.cause)
+        row.waiting = RunWaiting(reason="stuck", detail=wedge.cause)
     elif row.waiting is None:
         limit = await model_wait(client, description)
-        row.waiting = Waiting(reason="rate_limit", detail=limit) if limit else backoff(description)
+        row.waiting = (
+            RunWaiting(reason="rate_limit", detail=limit) if limit else backoff(description)
+        )
     seen = [row.last_activity] if row.last_activity else []
     for activity in description.raw_description.pending_activities:
         for field in ("last_started_time", "last_heartbeat_time"):
@@ -395,14 +399,14 @@ def backing_off(activity: Any, now: float | None = None) -> bool:
     return retry_at > (time.time() if now is None else now)
 
 
-def backoff(description: WorkflowExecutionDescription) -> Waiting | None:
+def backoff(description: WorkflowExecutionDescription) -> RunWaiting | None:
     """The run's step that waits to be tried again, with its attempt, next try and last error."""
     for activity in description.raw_description.pending_activities:
         if not backing_off(activity):
             continue
         error = activity.last_failure.message if activity.HasField("last_failure") else ""
         name = activity.activity_type.name
-        return Waiting(
+        return RunWaiting(
             reason="backoff",
             detail=f"{name}: {error}" if error else name,
             attempt=activity.attempt,
