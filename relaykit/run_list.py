@@ -44,6 +44,7 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
 )
+from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.client import get_run
 from relaykit.errors import RelaykitError
@@ -259,15 +260,28 @@ async def list_runs_page(
 
 
 async def count_waiting(client: Client, where: RunFilter | None = None) -> dict[str, int]:
-    """Open runs per reason of :data:`COUNTED_REASONS` (one count request each, at once)."""
+    """Open runs per reason of :data:`COUNTED_REASONS` (one count request each, at once). On a
+    namespace without ``RelayWaitingFor`` every run waiting for a person's answer counts as an
+    ``approval`` and ``unknown_outcome`` is left out."""
     base = (where or RunFilter()).visibility_query(with_state=False)
     found = await asyncio.gather(
-        *(
-            client.count_workflows(f"{base} AND ({REASON_FILTERS[reason]})")
-            for reason in COUNTED_REASONS
-        )
+        *(_count(client, f"{base} AND ({REASON_FILTERS[reason]})") for reason in COUNTED_REASONS)
     )
-    return {reason: count.count for reason, count in zip(COUNTED_REASONS, found, strict=True)}
+    counts = {reason: n for reason, n in zip(COUNTED_REASONS, found, strict=True) if n is not None}
+    if "approval" not in counts:  # RelayWaitingFor is not registered
+        plain = await _count(client, f"{base} AND ({STATUS_FILTERS['waiting_approval']})")
+        counts = {"approval": plain or 0, **counts}
+    return counts
+
+
+async def _count(client: Client, query: str) -> int | None:
+    """The count, or ``None`` when the namespace refuses the query (an attribute it lacks)."""
+    try:
+        return (await client.count_workflows(query)).count
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.INVALID_ARGUMENT:
+            return None
+        raise
 
 
 def _token_bytes(token: str | None) -> bytes | None:
