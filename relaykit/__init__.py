@@ -71,6 +71,14 @@ if TYPE_CHECKING:
     )
     from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
     from relaykit.fork import ForkError, fork_run
+    from relaykit.run_list import (
+        RunFilter,
+        RunPage,
+        RunRow,
+        RunWaiting,
+        count_waiting,
+        list_runs_page,
+    )
 
 _CLIENT_SIDE = {
     "RunHandle": "relaykit.client",
@@ -84,6 +92,12 @@ _CLIENT_SIDE = {
     "load_codec": "relaykit.codec",
     "ForkError": "relaykit.fork",
     "fork_run": "relaykit.fork",
+    "RunFilter": "relaykit.run_list",
+    "RunPage": "relaykit.run_list",
+    "RunRow": "relaykit.run_list",
+    "RunWaiting": "relaykit.run_list",
+    "count_waiting": "relaykit.run_list",
+    "list_runs_page": "relaykit.run_list",
 }
 """Names whose modules a worker never uses: imported on first access (PEP 562), so a worker
 process does not carry the client, the codec loader and forking (``tests/test_lean_imports.py``)."""
@@ -137,12 +151,16 @@ __all__ = [
     "RunContext",
     "RunEvent",
     "RunFailed",
+    "RunFilter",
     "RunHandle",
     "RunInput",
+    "RunPage",
     "RunResult",
+    "RunRow",
     "RunSetup",
     "RunSnapshot",
     "RunStatus",
+    "RunWaiting",
     "SendToSubagentArgs",
     "SpawnSubagentArgs",
     "Store",
@@ -159,10 +177,12 @@ __all__ = [
     "Worker",
     "compose_data_converter",
     "connect",
+    "count_waiting",
     "default_context_policy",
     "for_context_rewrite",
     "fork_run",
     "get_run",
+    "list_runs_page",
     "load_codec",
     "parse_model",
     "remove_tool_calls",

@@ -44,6 +44,7 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
 )
+from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.client import get_run
 from relaykit.errors import RelaykitError
@@ -107,7 +108,7 @@ LIVE_USAGE_TIMEOUT = 2.0
 """Seconds a working run's worker gets to answer the usage query (else the attributes stand)."""
 
 
-class Waiting(BaseModel):
+class RunWaiting(BaseModel):
     """What an open run waits for."""
 
     reason: WaitingReason
@@ -131,7 +132,7 @@ class RunRow(BaseModel):
     status: str
     """relaykit's status while open (``running``, ``waiting_approval``, …), else how it
     closed (``completed``, ``failed``, ``cancelled``, ``terminated``, ``timed_out``, …)."""
-    waiting: Waiting | None = None
+    waiting: RunWaiting | None = None
     tenant: str | None = None
     tokens: int | None = None
     cost_usd: float | None = None
@@ -259,15 +260,28 @@ async def list_runs_page(
 
 
 async def count_waiting(client: Client, where: RunFilter | None = None) -> dict[str, int]:
-    """Open runs per reason of :data:`COUNTED_REASONS` (one count request each, at once)."""
+    """Open runs per reason of :data:`COUNTED_REASONS` (one count request each, at once). On a
+    namespace without ``RelayWaitingFor`` every run waiting for a person's answer counts as an
+    ``approval`` and ``unknown_outcome`` is left out."""
     base = (where or RunFilter()).visibility_query(with_state=False)
     found = await asyncio.gather(
-        *(
-            client.count_workflows(f"{base} AND ({REASON_FILTERS[reason]})")
-            for reason in COUNTED_REASONS
-        )
+        *(_count(client, f"{base} AND ({REASON_FILTERS[reason]})") for reason in COUNTED_REASONS)
     )
-    return {reason: count.count for reason, count in zip(COUNTED_REASONS, found, strict=True)}
+    counts = {reason: n for reason, n in zip(COUNTED_REASONS, found, strict=True) if n is not None}
+    if "approval" not in counts:  # RelayWaitingFor is not registered
+        plain = await _count(client, f"{base} AND ({STATUS_FILTERS['waiting_approval']})")
+        counts = {"approval": plain or 0, **counts}
+    return counts
+
+
+async def _count(client: Client, query: str) -> int | None:
+    """The count, or ``None`` when the namespace refuses the query (an attribute it lacks)."""
+    try:
+        return (await client.count_workflows(query)).count
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.INVALID_ARGUMENT:
+            return None
+        raise
 
 
 def _token_bytes(token: str | None) -> bytes | None:
@@ -310,7 +324,9 @@ def row_of(execution: WorkflowExecution) -> RunRow:
         recorded = attrs.get(RELAY_WAITING_FOR)
         reason = _PERSON_REASONS.get(shown)
         if reason is not None:
-            waiting = Waiting(reason="unknown_outcome" if recorded == "unknown_outcome" else reason)
+            waiting = RunWaiting(
+                reason="unknown_outcome" if recorded == "unknown_outcome" else reason
+            )
     activity = [t for t in (attrs.get(RELAY_LAST_ACTIVITY), execution.close_time) if t]
     return RunRow(
         run_id=execution.id,
@@ -356,10 +372,12 @@ async def describe_waiting(
     provider's limit or a retry's backoff of a run that works; and its latest activity."""
     wedge = await stuck_from(client, description)
     if wedge is not None:
-        row.waiting = Waiting(reason="stuck", detail=wedge.cause)
+        row.waiting = RunWaiting(reason="stuck", detail=wedge.cause)
     elif row.waiting is None:
         limit = await model_wait(client, description)
-        row.waiting = Waiting(reason="rate_limit", detail=limit) if limit else backoff(description)
+        row.waiting = (
+            RunWaiting(reason="rate_limit", detail=limit) if limit else backoff(description)
+        )
     seen = [row.last_activity] if row.last_activity else []
     for activity in description.raw_description.pending_activities:
         for field in ("last_started_time", "last_heartbeat_time"):
@@ -395,14 +413,14 @@ def backing_off(activity: Any, now: float | None = None) -> bool:
     return retry_at > (time.time() if now is None else now)
 
 
-def backoff(description: WorkflowExecutionDescription) -> Waiting | None:
+def backoff(description: WorkflowExecutionDescription) -> RunWaiting | None:
     """The run's step that waits to be tried again, with its attempt, next try and last error."""
     for activity in description.raw_description.pending_activities:
         if not backing_off(activity):
             continue
         error = activity.last_failure.message if activity.HasField("last_failure") else ""
         name = activity.activity_type.name
-        return Waiting(
+        return RunWaiting(
             reason="backoff",
             detail=f"{name}: {error}" if error else name,
             attempt=activity.attempt,

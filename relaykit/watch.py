@@ -29,7 +29,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from relaykit.client import RunHandle
 from relaykit.pricing import cost_text, format_usd
-from relaykit.run_list import RunRow, Waiting
+from relaykit.run_list import RunRow, RunWaiting
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
 
@@ -378,7 +378,7 @@ def age(started: datetime | None, now: datetime | None = None) -> str:
     return f"{max(seconds, 0)}s"
 
 
-def waiting_text(waiting: Waiting | None, now: datetime | None = None) -> str:
+def waiting_text(waiting: RunWaiting | None, now: datetime | None = None) -> str:
     """What an open run waits for, in a table cell."""
     if waiting is None:
         return ""

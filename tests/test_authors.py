@@ -101,7 +101,7 @@ def in_history(history: dict[str, set[str]], kind: str, name: str) -> bool:
 
 
 async def test_each_action_of_the_api_records_its_author_in_history_and_events(
-    client: Client, model_server: ScriptedModelServer
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
 ) -> None:
     # approve, pause, send, resume and steer, each by a different person: each name is in the
     # signal's or update's payload in history and on the action's event.
@@ -128,10 +128,20 @@ async def test_each_action_of_the_api_records_its_author_in_history_and_events(
             release.set()
             result = await handle.result()
             events = await handle.events()
+            code, shown, err = await cli("events", handle.id, address=temporal_server.address)
+            assert code == 0, err
     finally:
         held.set()
         release.set()
     assert result.output == "done"
+    for kind, name in (
+        ("approval_answered", "alice"),
+        ("paused", "pat"),
+        ("resumed", "ray"),
+        ("message_injected", "sam"),
+        ("steered", "stella"),
+    ):  # `relaykit events` puts the name before the event's data, never cut off
+        assert any(kind in line and f"by {name}: " in line for line in shown.splitlines())
     assert authors(events) == [
         ("approval_answered", "alice"),
         ("paused", "pat"),

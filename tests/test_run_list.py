@@ -219,3 +219,42 @@ async def cli(*args: str, address: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def test_a_namespace_registered_before_the_list_attributes_still_lists_and_counts(
+    client: Client,
+) -> None:
+    # Without RelayWaitingFor a run waiting for a person counts as an approval, and the
+    # unknown outcomes are not counted; the page itself never asks for the attribute.
+    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+    from temporalio.service import RPCError
+
+    from relaykit import search_attributes
+    from relaykit.run_list import count_waiting
+
+    namespace = f"before-{uuid.uuid4().hex[:8]}"
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace,
+            workflow_execution_retention_period=timedelta(days=1),  # type: ignore[arg-type]
+        )
+    )
+    older = [k for k in search_attributes.ALL if k not in search_attributes.LIST_ATTRIBUTES]
+    bare = await Client.connect(
+        client.service_client.config.target_host,
+        namespace=namespace,
+        data_converter=client.data_converter,
+    )
+
+    async def registered() -> bool:
+        try:
+            await search_attributes.ensure_registered(bare, namespace, older)
+            await bare.count_workflows("RelayStatus = 'paused'")
+        except RPCError:
+            return False
+        return True
+
+    await eventually(registered, "the new namespace with the older attributes")
+    assert await count_waiting(bare) == {"approval": 0, "budget": 0, "paused": 0}
+    page = await list_runs_page(bare, counts=True)
+    assert page.rows == [] and page.counts == {"approval": 0, "budget": 0, "paused": 0}

@@ -102,7 +102,9 @@ async def runs(
         err_console.print(
             "waiting: "
             + " · ".join(
-                f"{listed.counts[name]} {name.replace('_', ' ')}" for name in COUNTED_REASONS
+                f"{listed.counts[name]} {name.replace('_', ' ')}"
+                for name in COUNTED_REASONS
+                if name in listed.counts
             ),
             highlight=False,
         )
