@@ -73,6 +73,14 @@ if TYPE_CHECKING:
     from relaykit.codec import PayloadDecodeError, compose_data_converter, load_codec
     from relaykit.evals import EvalReport, EvalSource, RunReport, eval_worker, evaluate, select_runs
     from relaykit.fork import ForkError, fork_run
+    from relaykit.run_list import (
+        RunFilter,
+        RunPage,
+        RunRow,
+        RunWaiting,
+        count_waiting,
+        list_runs_page,
+    )
 
 _CLIENT_SIDE = {
     "RunHandle": "relaykit.client",
@@ -92,6 +100,12 @@ _CLIENT_SIDE = {
     "eval_worker": "relaykit.evals",
     "evaluate": "relaykit.evals",
     "select_runs": "relaykit.evals",
+    "RunFilter": "relaykit.run_list",
+    "RunPage": "relaykit.run_list",
+    "RunRow": "relaykit.run_list",
+    "RunWaiting": "relaykit.run_list",
+    "count_waiting": "relaykit.run_list",
+    "list_runs_page": "relaykit.run_list",
 }
 """Names whose modules a worker never uses: imported on first access (PEP 562), so a worker
 process does not carry the client, the codec loader, forking and evaluations
@@ -149,13 +163,17 @@ __all__ = [
     "RunContext",
     "RunEvent",
     "RunFailed",
+    "RunFilter",
     "RunHandle",
     "RunInput",
+    "RunPage",
     "RunReport",
     "RunResult",
+    "RunRow",
     "RunSetup",
     "RunSnapshot",
     "RunStatus",
+    "RunWaiting",
     "SendToSubagentArgs",
     "SpawnSubagentArgs",
     "Store",
@@ -172,12 +190,14 @@ __all__ = [
     "Worker",
     "compose_data_converter",
     "connect",
+    "count_waiting",
     "default_context_policy",
     "eval_worker",
     "evaluate",
     "for_context_rewrite",
     "fork_run",
     "get_run",
+    "list_runs_page",
     "load_codec",
     "parse_model",
     "remove_tool_calls",

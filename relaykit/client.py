@@ -18,6 +18,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from relaykit.agent import Agent, Budget
+from relaykit.authors import author, cancel_reason
 from relaykit.codec import codec_from_env, compose_data_converter
 from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
 from relaykit.messages import Message
@@ -174,25 +175,39 @@ class RunHandle:
         return pending
 
     async def approve(
-        self, call_id: str, approved: bool = True, reason: str | None = None
+        self,
+        call_id: str,
+        approved: bool = True,
+        reason: str | None = None,
+        *,
+        by: str | None = None,
     ) -> PendingApproval:
-        """Answer an approval; raises if the call id is unknown or already answered."""
+        """Answer an approval; raises if the call id is unknown or already answered. ``by``
+        (default: this machine's user) is recorded with the answer, in the run's history and
+        its ``approval_answered`` event."""
+        decision = ApprovalDecision(
+            call_id=call_id, approved=approved, reason=reason, by=author(by)
+        )
         answered: PendingApproval = await self.workflow.execute_update(
-            "approve",
-            ApprovalDecision(call_id=call_id, approved=approved, reason=reason),
-            result_type=PendingApproval,
+            "approve", decision, result_type=PendingApproval
         )
         return answered
 
-    async def send_message(self, text: str) -> int:
-        place: int = await self.workflow.execute_update("send_message", text, result_type=int)
+    async def send_message(self, text: str, *, by: str | None = None) -> int:
+        """Queue ``text`` for the run's next turn boundary; returns its place in the queue.
+        ``by`` (default: this machine's user) is recorded with it."""
+        place: int = await self.workflow.execute_update(
+            "send_message", args=[text, author(by)], result_type=int
+        )
         return place
 
-    async def steer(self, text: str) -> bool:
+    async def steer(self, text: str, *, by: str | None = None) -> bool:
         """Like :meth:`send_message`, but a model call in flight is cancelled (its answer is
         never used) and the next one, with ``text``, starts at once; returns whether a call
         was cancelled."""
-        cancelled: bool = await self.workflow.execute_update("steer", text, result_type=bool)
+        cancelled: bool = await self.workflow.execute_update(
+            "steer", args=[text, author(by)], result_type=bool
+        )
         return cancelled
 
     async def set_budget(
@@ -206,29 +221,28 @@ class RunHandle:
         """Set (``max_usd``) or raise (``raise_by``) the run's dollar limit, or ``finish``: one
         last call without tools for the best answer so far. A run waiting at its limit goes on
         where it stopped. ``by`` (default: this machine's user) is recorded with the change."""
-        change = BudgetChange(max_usd=max_usd, raise_by=raise_by, finish=finish, by=by or _user())
+        change = BudgetChange(max_usd=max_usd, raise_by=raise_by, finish=finish, by=author(by))
         view: BudgetView = await self.workflow.execute_update(
             "set_budget", change, result_type=BudgetView
         )
         return view
 
-    async def pause(self) -> None:
-        await self.workflow.signal("pause")
+    async def pause(self, *, by: str | None = None) -> None:
+        """Ask the run to stop at its next turn boundary; ``by`` (default: this machine's user)
+        is in the signal and the ``paused`` event."""
+        await self.workflow.signal("pause", author(by))
 
-    async def resume(self, text: str | None = None) -> None:
-        await self.workflow.signal("resume", text)
+    async def resume(self, text: str | None = None, *, by: str | None = None) -> None:
+        """Continue a paused run, with ``text`` for the model if given; ``by`` as for
+        :meth:`pause`."""
+        await self.workflow.signal("resume", args=[text, author(by)])
 
-    async def cancel(self) -> None:
-        await self.workflow.cancel()
-
-
-def _user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in this environment
-        return "unknown"
+    async def cancel(self, *, by: str | None = None) -> None:
+        """Ask the run to end, cancelled. Temporal's cancel request carries no payload, so
+        ``by`` (default: this machine's user) goes in its reason (``cancelled by NAME``), kept
+        in the history's ``WorkflowExecutionCancelRequested`` event and in the run's
+        ``cancelled`` event (see :mod:`relaykit.authors`)."""
+        await self.workflow.cancel(reason=cancel_reason(author(by)))
 
 
 def new_run_id(agent_name: str) -> str:

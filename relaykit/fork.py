@@ -40,6 +40,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit import fleet
+from relaykit.authors import author
 from relaykit.client import RunHandle
 from relaykit.errors import RelaykitError
 from relaykit.messages import Message, ModelResponse
@@ -259,11 +260,15 @@ async def fork_run(
     *,
     input: str | None = None,
     id: str | None = None,
+    by: str | None = None,
 ) -> RunHandle:
     """Start a new run from turn ``at_turn`` of ``run_id`` (running or closed, however it
     ended) and return its handle: its transcript is the origin's turns 1..``at_turn``, its agent
     the one active after that turn, then ``input`` as a user message. No tool of those turns
     runs again, the origin is untouched, and the new run counts turns on from ``at_turn``.
+
+    ``by`` (default: this machine's user) is who forked: recorded in the new run's input
+    (``RunInput.fork.by``, so in its history) and its ``run_started`` event.
 
     Raises :class:`ForkError` for an unknown run, a turn outside the finished turns, or a turn
     whose tool calls have no results yet.
@@ -294,7 +299,7 @@ async def fork_run(
     messages, agent = cut
     if input:
         messages = [*messages, Message.user(input)]
-    origin = ForkOrigin(run_id=run_id, turn=at_turn)
+    origin = ForkOrigin(run_id=run_id, turn=at_turn, by=author(by))
     base = runs.first_input
     new_input = RunInput(
         agent=agent,

@@ -46,6 +46,7 @@ EventKind = Literal[
     "steered",
     "paused",
     "resumed",
+    "cancelled",
     "budget_reached",
     "budget_changed",
     "budget_asked",
@@ -137,6 +138,9 @@ class ApprovalDecision(BaseModel):
     reason: str | None = None
     timed_out: bool = False
     """Set by relaykit when nobody answered within the tool's ``approval_timeout``."""
+    by: str = Field("", max_length=200)
+    """Who answered (default ``""``: an old client, or relaykit on a timeout); recorded in the
+    update's payload in history and in the ``approval_answered`` event."""
 
 
 TaskStatus = Literal["running", "finished", "failed", "cancelled"]
@@ -248,6 +252,10 @@ class RunSetup(BaseModel):
     started before, which count tokens and requests only."""
     cost_attribute: bool = False
     """Whether the run upserts ``RelayCostUSD`` with the other search attributes."""
+    list_attributes: bool = False
+    """Whether the run also upserts ``RelayWaitingFor`` and ``RelayLastActivity`` (the namespace
+    had them when the run started; recorded by the marker ``relaykit.run-setup.list-attributes``).
+    ``False`` for runs started before."""
 
 
 class BudgetAsk(BaseModel):
@@ -382,7 +390,12 @@ class RunState(BaseModel):
     event_offset: int = 0
     """Sequence number of ``events[0]`` (older events were dropped to bound history)."""
     mailbox: list[str] = Field(default_factory=list)
+    mailbox_by: list[str] = Field(default_factory=list)
+    """Who sent each message of ``mailbox``, in the same order (``""``: no name given; a state
+    carried from before names has none, and its messages count as unnamed)."""
     paused: bool = False
+    paused_by: str = ""
+    """Who last paused or resumed the run (the ``paused`` and ``resumed`` events say it)."""
     pending_approvals: dict[str, PendingApproval] = Field(default_factory=dict)
     decisions: dict[str, ApprovalDecision] = Field(default_factory=dict)
     status: RunStatus = "running"
@@ -417,6 +430,9 @@ class ForkOrigin(BaseModel):
 
     run_id: str
     turn: int
+    by: str = Field("", max_length=200)
+    """Who forked (``""`` in forks made before names were recorded); in the new run's
+    ``run_started`` event."""
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.turn}"

@@ -16,7 +16,8 @@ enabled runs:
           --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
           --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
           --name RelayForkOf --type Keyword --name RelayTenant --type Keyword \\
-          --name RelayCostUSD --type Double --name RelayEvalOf --type Keyword
+          --name RelayCostUSD --type Double --name RelayEvalOf --type Keyword \\
+          --name RelayWaitingFor --type Keyword --name RelayLastActivity --type Datetime
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -71,6 +72,20 @@ RELAY_EVAL_OF: Final = SearchAttributeKey.for_keyword("RelayEvalOf")
 """For a candidate run of an evaluation (:mod:`relaykit.evals`): the workflow id of the recorded
 run it answers again. Set when the candidate starts, only when the namespace has it; runs that
 have it are left out of ``relaykit runs`` and the inbox."""
+RELAY_WAITING_FOR: Final = SearchAttributeKey.for_keyword("RelayWaitingFor")
+"""What an open run waits for a person for: ``approval``, ``unknown_outcome`` (a decision on a
+``"write"`` call lost in flight), ``budget`` or ``paused`` (:data:`WAITING_REASONS`); unset
+while it works. Written with the others, only when the namespace has it and
+:data:`RELAY_LAST_ACTIVITY` (runs of namespaces registered before they existed get the others),
+so ``RelayStatus = 'waiting_approval'`` alone also finds runs started before."""
+
+RELAY_LAST_ACTIVITY: Final = SearchAttributeKey.for_datetime("RelayLastActivity")
+"""When the run last changed what a person sees in a list (its agent, status or what it waits
+for), in workflow time; written with :data:`RELAY_WAITING_FOR`. Not every turn: each upsert is a
+history event."""
+
+WAITING_REASONS: Final = ("approval", "unknown_outcome", "budget", "paused")
+"""The values of :data:`RELAY_WAITING_FOR` (compatibility data: queries name them)."""
 
 UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
@@ -80,12 +95,16 @@ UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
 ]
 """What runs write themselves: a worker lets runs upsert only when all of these are registered."""
 
+LIST_ATTRIBUTES: Final[list[SearchAttributeKey[Any]]] = [RELAY_WAITING_FOR, RELAY_LAST_ACTIVITY]
+"""Upserted together, only when the namespace has both (:func:`list_attributes_registered`)."""
+
 ALL: Final[list[SearchAttributeKey[Any]]] = [
     *UPSERTED,
     RELAY_FORK_OF,
     RELAY_TENANT,
     RELAY_COST_USD,
     RELAY_EVAL_OF,
+    *LIST_ATTRIBUTES,
 ]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
@@ -182,9 +201,7 @@ async def ensure_registered(
     return list(missing)
 
 
-async def cost_registered(client: Any) -> bool:
-    """Whether the client's namespace has ``RelayCostUSD`` (added after the others: a namespace
-    registered before lacks it, and its runs then upsert the others only)."""
+async def _custom_attributes(client: Any) -> set[str]:
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
     try:
@@ -192,8 +209,21 @@ async def cost_registered(client: Any) -> bool:
             ListSearchAttributesRequest(namespace=client.namespace)
         )
     except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
-        return False
-    return RELAY_COST_USD.name in response.custom_attributes
+        return set()
+    return set(response.custom_attributes)
+
+
+async def cost_registered(client: Any) -> bool:
+    """Whether the client's namespace has ``RelayCostUSD`` (added after the others: a namespace
+    registered before lacks it, and its runs then upsert the others only)."""
+    return RELAY_COST_USD.name in await _custom_attributes(client)
+
+
+async def list_attributes_registered(client: Any) -> bool:
+    """Whether the client's namespace has :data:`LIST_ATTRIBUTES` (added after the others; a
+    namespace registered before lacks them, and its runs then upsert the others only)."""
+    known = await _custom_attributes(client)
+    return all(key.name in known for key in LIST_ATTRIBUTES)
 
 
 async def eval_registered(client: Any) -> bool:
@@ -214,13 +244,5 @@ async def registered(client: Any) -> bool:
     only when a fork starts, may be missing on namespaces registered before it). Upserting an
     unregistered one fails every workflow task, so workers (and the replay check, which must
     replay as they would) let runs upsert them only then."""
-    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-
-    try:
-        response = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace)
-        )
-    except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
-        return False
-    known = set(response.custom_attributes)
+    known = await _custom_attributes(client)
     return all(key.name in known for key in UPSERTED)

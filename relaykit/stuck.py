@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionDescription
 
 STUCK_ATTEMPTS = 3
 """A workflow task failing this often is no passing fault (a worker restart costs one)."""
@@ -46,7 +46,12 @@ class StuckRun:
 async def stuck(client: Client, workflow_id: str, run_id: str | None = None) -> StuckRun | None:
     """The run's wedge, or ``None`` when its workflow task is not failing again and again."""
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-    description = await handle.describe()
+    return await stuck_from(client, await handle.describe())
+
+
+async def stuck_from(client: Client, description: WorkflowExecutionDescription) -> StuckRun | None:
+    """:func:`stuck` for a run already described (the history is read only for a wedged run)."""
+    workflow_id = description.id
     raw = description.raw_description
     if not raw.HasField("pending_workflow_task"):
         return None

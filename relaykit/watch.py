@@ -7,7 +7,7 @@ finished run, or when the output is not a terminal, it prints the run's log line
 instead and exits when the run has ended. Watching can stop at any time (Ctrl-C) and start again
 from the beginning or from the cursor it printed when it stopped; the run is not affected.
 
-``runs`` lists runs through Temporal visibility, with relaykit's search attributes.
+``runs`` renders the page of runs :mod:`relaykit.run_list` reads from Temporal visibility.
 """
 
 from __future__ import annotations
@@ -25,21 +25,13 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus
 
 from relaykit.client import RunHandle
 from relaykit.pricing import cost_text, format_usd
-from relaykit.runs import AGENT_RUN_WORKFLOW
-from relaykit.search_attributes import (
-    RELAY_AGENT,
-    RELAY_COST_USD,
-    RELAY_PARENT_RUN,
-    RELAY_STATUS,
-    RELAY_TOKENS,
-)
+from relaykit.run_list import RunRow, RunWaiting
 from relaykit.streaming import StreamEvent
 from relaykit.tools import summarize_call
-from relaykit.versioning import run_build
 
 MAX_LOG_LINES = 8
 MAX_TOOL_ROWS = 12
@@ -54,11 +46,19 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def describe(item: StreamEvent) -> str:
-    """One line of text for an event (not for deltas)."""
+    """One line of text for an event (not for deltas); an operator action's ends with who took
+    it."""
+    line = _describe(item)
+    by = item.data.get("by")
+    return f"{line} · by {by}" if by and isinstance(by, str) else line
+
+
+def _describe(item: StreamEvent) -> str:
     data = item.data
     kind = item.kind
     if kind == "run_started":
-        return f"started: {_short(data.get('input', ''))}"
+        fork = f" (fork of {data['forked_from']})" if data.get("forked_from") else ""
+        return f"started{fork}: {_short(data.get('input', ''))}"
     if kind == "message":
         return _short(data.get("text", ""), 200)
     if kind == "model_call":
@@ -97,6 +97,14 @@ def describe(item: StreamEvent) -> str:
             " (the model call in flight was abandoned)" if data.get("cancelled_call") else ""
         )
         return f"steered: {_short(data.get('text', ''))}{abandoned}"
+    if kind in ("paused", "resumed"):
+        return kind
+    if kind == "cancelled":
+        why = f": {_short(data['reason'], 100)}" if data.get("reason") else ""
+        return f"cancel requested{why}"
+    if kind == "budget_changed":
+        limit = format_usd(float(data.get("limit") or 0))
+        return "finish requested" if data.get("finish") else f"dollar limit now {limit}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"
     if kind == "subagent_finished":
@@ -359,128 +367,6 @@ async def watch_run(
 
 # --- relaykit runs ----------------------------------------------------------------------------
 
-STATUS_FILTERS: dict[str, str] = {
-    "open": "ExecutionStatus = 'Running'",
-    "running": "RelayStatus = 'running' AND ExecutionStatus = 'Running'",
-    "waiting_approval": "RelayStatus = 'waiting_approval' AND ExecutionStatus = 'Running'",
-    "paused": "RelayStatus = 'paused' AND ExecutionStatus = 'Running'",
-    "budget_reached": "RelayStatus = 'budget_reached' AND ExecutionStatus = 'Running'",
-    "completed": "ExecutionStatus = 'Completed'",
-    "failed": "ExecutionStatus = 'Failed'",
-    "cancelled": "ExecutionStatus = 'Canceled'",
-    "terminated": "ExecutionStatus = 'Terminated'",
-    "timed_out": "ExecutionStatus = 'TimedOut'",
-}
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def runs_query(
-    status: str | None = None,
-    agent: str | None = None,
-    roots: bool = False,
-    tenant: str | None = None,
-    query: str | None = None,
-    exclude_evals: bool = False,
-) -> str:
-    """The visibility query of ``relaykit runs``; ``exclude_evals`` leaves out candidate runs
-    of evaluations (``RelayEvalOf``; only where the namespace has it registered)."""
-    parts = [f"WorkflowType = {_quote(AGENT_RUN_WORKFLOW)}"]
-    if exclude_evals:
-        parts.append("RelayEvalOf IS NULL")
-    if status is not None:
-        parts.append(f"({STATUS_FILTERS[status]})")
-    if agent is not None:
-        parts.append(f"RelayAgent = {_quote(agent)}")
-    if roots:
-        parts.append("RelayParentRun IS NULL")
-    if tenant is not None:
-        parts.append(f"RelayTenant = {_quote(tenant)}")
-    if query:
-        parts.append(f"({query})")
-    return " AND ".join(parts)
-
-
-@dataclass
-class RunRow:
-    id: str
-    status: str
-    agent: str
-    started: datetime | None
-    tokens: int | None
-    parent: str | None
-    build: str | None = None
-    """Build id of the worker deployment version serving the run's current execution."""
-    stuck: str | None = None
-    """Why its workflow task keeps failing (:mod:`relaykit.stuck`), when it does."""
-    cost: float | None = None
-    """USD spent (``RelayCostUSD``, or the open run's own state)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.id,
-            "status": self.status,
-            "agent": self.agent,
-            "started": self.started.isoformat() if self.started else None,
-            "tokens": self.tokens,
-            "cost_usd": self.cost,
-            "parent": self.parent,
-            "build_id": self.build,
-            "stuck": self.stuck,
-        }
-
-
-def _row(execution: WorkflowExecution) -> RunRow:
-    attrs = execution.typed_search_attributes
-    relay_status = attrs.get(RELAY_STATUS)
-    status = execution.status
-    if status in (None, WorkflowExecutionStatus.RUNNING):
-        shown = relay_status or "running"
-    elif status == WorkflowExecutionStatus.COMPLETED:
-        shown = "completed"
-    elif status == WorkflowExecutionStatus.FAILED:
-        shown = "failed"
-    elif status == WorkflowExecutionStatus.CANCELED:
-        shown = "cancelled"
-    else:
-        shown = status.name.lower()
-    return RunRow(
-        id=execution.id,
-        status=shown,
-        agent=attrs.get(RELAY_AGENT) or "",
-        started=execution.start_time,
-        tokens=attrs.get(RELAY_TOKENS),
-        cost=attrs.get(RELAY_COST_USD),
-        parent=attrs.get(RELAY_PARENT_RUN) or execution.parent_id,
-        build=(run_build(execution) or (None, None))[1],
-    )
-
-
-async def list_runs(
-    client: Client,
-    *,
-    status: str | None = None,
-    agent: str | None = None,
-    roots: bool = False,
-    limit: int = 50,
-    tenant: str | None = None,
-    query: str | None = None,
-    evals: bool = False,
-) -> list[RunRow]:
-    """Runs, newest first; candidate runs of evaluations only with ``evals``."""
-    from relaykit.search_attributes import eval_registered
-
-    exclude = not evals and await eval_registered(client)
-    rows = []
-    found = client.list_workflows(
-        runs_query(status, agent, roots, tenant, query, exclude_evals=exclude), limit=limit
-    )
-    async for execution in found:
-        rows.append(_row(execution))
-    return rows
-
 
 def age(started: datetime | None, now: datetime | None = None) -> str:
     if started is None:
@@ -492,28 +378,53 @@ def age(started: datetime | None, now: datetime | None = None) -> str:
     return f"{max(seconds, 0)}s"
 
 
+def waiting_text(waiting: RunWaiting | None, now: datetime | None = None) -> str:
+    """What an open run waits for, in a table cell."""
+    if waiting is None:
+        return ""
+    words = {
+        "approval": "approval",
+        "unknown_outcome": "unknown outcome",
+        "budget": "budget",
+        "paused": "paused",
+        "rate_limit": "rate limit",
+        "backoff": "backoff",
+        "stuck": "stuck",
+    }
+    text = words.get(waiting.reason, waiting.reason)
+    if waiting.reason == "backoff" and waiting.next_try is not None:
+        wait = max(int((waiting.next_try - (now or datetime.now(UTC))).total_seconds()), 0)
+        text += f" (attempt {waiting.attempt}, in {wait}s)"
+    return text
+
+
 def runs_table(rows: list[RunRow]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column, justify in (
         ("RUN", "left"),
         ("STATUS", "left"),
+        ("WAITING", "left"),
         ("AGENT", "left"),
+        ("TENANT", "left"),
         ("AGE", "right"),
+        ("ACTIVE", "right"),
         ("TOKENS", "right"),
         ("COST", "right"),
         ("BUILD", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        name = row.id if row.parent is None else f"  {row.id}"
-        status = row.status if row.stuck is None else f"{row.status} (stuck)"
+        name = row.run_id if row.parent is None else f"  {row.run_id}"
         table.add_row(
             escape(name),
-            status,
+            row.status,
+            waiting_text(row.waiting),
             escape(row.agent),
+            escape(row.tenant or ""),
             age(row.started),
+            age(row.last_activity),
             "" if row.tokens is None else f"{row.tokens:,}",
-            "" if row.cost is None else format_usd(row.cost),
-            escape(row.build or ""),
+            "" if row.cost_usd is None else format_usd(row.cost_usd),
+            escape(row.build_id or ""),
         )
     return table

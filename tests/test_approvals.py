@@ -23,6 +23,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from relaykit import Agent, ApprovalDecision, RunFailed, RunHandle, start_run, tool
+from relaykit.authors import current_user
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from tests.support import history_events, scheduled_activities, scripted_model, serving
@@ -183,6 +184,7 @@ async def test_approval_predicate_on_arguments_and_rejection_reason_reaches_the_
         "approved": False,
         "reason": "over the daily limit",
         "timed_out": False,
+        "by": current_user(),  # the API names the OS user when by= is not given
     }
 
 

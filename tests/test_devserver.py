@@ -123,6 +123,8 @@ def test_search_attribute_commands() -> None:
         "RelayTenant=Keyword",
         "RelayCostUSD=Double",
         "RelayEvalOf=Keyword",
+        "RelayWaitingFor=Keyword",
+        "RelayLastActivity=Datetime",
     ]
     args = search_attributes.operator_create_args("prod", address="temporal:7233")
     assert args[:5] == ["operator", "search-attribute", "create", "--namespace", "prod"]

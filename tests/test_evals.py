@@ -25,9 +25,9 @@ from temporalio.client import Client
 from relaykit import ModelSpec, start_run
 from relaykit.devserver import DevServer, find_temporal_cli
 from relaykit.evals import EvalReport, EvalSource, evaluate, junit_xml, markdown, select_runs
+from relaykit.run_list import RunFilter, list_runs_page
 from relaykit.search_attributes import RELAY_EVAL_OF
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step
-from relaykit.watch import list_runs
 from tests.eval_agents import (
     candidate_model,
     child_model,
@@ -391,7 +391,8 @@ def test_a_candidate_module_that_does_not_exist_is_one_line() -> None:
 async def poll_list(client: Client, query: str, *, evals: bool, expected: int) -> list[str]:
     """Visibility is eventually consistent: list until ``expected`` rows show (or give up)."""
     for _ in range(200):
-        rows = sorted(row.id for row in await list_runs(client, query=query, evals=evals))
+        page = await list_runs_page(client, RunFilter(query=query, evals=evals))
+        rows = sorted(row.run_id for row in page.rows)
         if len(rows) >= expected:
             return rows
         await asyncio.sleep(0.05)

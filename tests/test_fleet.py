@@ -15,12 +15,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from relaykit import Agent, fork_run, start_run, tool
-from relaykit.cli.waiting import waiting_reason
 from relaykit.errors import ConfigurationError
 from relaykit.models.queues import LIMITS_ENV, ModelLimit, limits_from_env, parse_limit
+from relaykit.run_list import RunFilter, list_runs_page, model_wait
 from relaykit.runs import MODEL_ACTIVITY
 from relaykit.testing.scripted_server import ScriptedModelServer, call, error, text
-from relaykit.watch import list_runs
 from tests.support import history_events, scripted_model, serving
 
 
@@ -225,8 +224,9 @@ async def test_priority_and_tenant_carry_across_continue_as_new_and_forks(
         assert (await fork.result()).output == "forked"
     forked = _priorities(await history_events(fork.workflow))
     assert forked["workflow_execution_started"] == [(4, "globex", 0.0)]
-    rows = await list_runs(client, tenant="globex", limit=10)
-    assert {handle.id, fork.id} <= {row.id for row in rows}
+    page = await list_runs_page(client, RunFilter(tenant="globex"), page_size=10)
+    assert {handle.id, fork.id} <= {row.run_id for row in page.rows}
+    assert {row.tenant for row in page.rows} == {"globex"}
 
 
 async def test_a_429_with_retry_after_holds_every_call_of_that_provider_on_the_worker(
@@ -258,7 +258,7 @@ async def _waiting_reason(client: Client, handle: Any) -> str | None:
     """The reason the status line of ``relaykit run --wait`` gives for a model call not yet
     sent (read from the pending call's heartbeat details), once there is one."""
     for _ in range(40):
-        reason = await waiting_reason(client, await handle.workflow.describe())
+        reason = await model_wait(client, await handle.workflow.describe())
         if reason:
             return reason
         await asyncio.sleep(0.05)

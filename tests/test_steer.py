@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from relaykit import Agent, start_run, tool
+from relaykit.authors import current_user
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
 from relaykit.watch import describe
@@ -109,11 +110,13 @@ async def test_a_steer_cancels_the_held_model_call_and_the_next_call_answers_the
     assert [m.role for m in result.transcript] == ["user", "user", "assistant"]
     assert "Paris: rainy" not in " ".join(m.content for m in result.transcript)
     steered = [e for e in events if e.kind == "steered"]
+    me = current_user()  # the CLI names the operator: the OS user without --as
     assert [e.data for e in steered] == [
-        {"text": "actually: the weather in Tokyo", "cancelled_call": True}
+        {"text": "actually: the weather in Tokyo", "cancelled_call": True, "by": me}
     ]
     assert shown == [  # what `relaykit watch` prints
         "steered: actually: the weather in Tokyo (the model call in flight was abandoned)"
+        f" · by {me}"
     ]
     sent = model_server.requests(model.name)[1].messages
     assert [m["content"] for m in sent if m["role"] == "user"] == [

@@ -6,7 +6,8 @@ Every command talks to Temporal through Temporal's own environment configuration
 non-zero exit status, never a traceback.
 
 The commands live in one module per group (:mod:`~relaykit.cli.runs`, :mod:`~relaykit.cli.serve`,
-:mod:`~relaykit.cli.deploy`, :mod:`~relaykit.cli.operate`), on what :mod:`~relaykit.cli.common`
+:mod:`~relaykit.cli.deploy`, :mod:`~relaykit.cli.operate`,
+:mod:`~relaykit.cli.listing`), on what :mod:`~relaykit.cli.common`
 shares; this module builds the app from them, in the order ``--help`` lists them.
 """
 
@@ -18,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from relaykit.cli import deploy, evals, operate, runs, serve
+from relaykit.cli import deploy, evals, listing, operate, runs, serve
 from relaykit.cli.common import ui_url
 
 __all__ = ["app", "main", "ui_url"]
@@ -67,12 +68,13 @@ app.command()(runs.cancel)
 app.command()(runs.terminate)
 app.command()(runs.events)
 app.command()(runs.watch)
-app.command()(runs.runs)
+app.command()(listing.runs)
 app.command("replay-check")(deploy.replay_check)
 app.command("codec-server")(serve.codec_server)
 app.command()(serve.gc)
 app.command()(serve.dev)
 app.command()(serve.demo)
+app.command()(operate.console)
 app.command()(operate.inbox)
 app.command()(operate.steer)
 app.command()(operate.fork)

@@ -48,6 +48,10 @@ NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="Temporal 
 TaskQueueOpt = Annotated[str, typer.Option("--task-queue", "-q", help="Task queue of the worker")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text")]
 RunIdArg = Annotated[str, typer.Argument(help="Workflow id of the run")]
+AsOpt = Annotated[
+    str | None,
+    typer.Option("--as", help="Who acts, recorded in the run's history (default: your user name)"),
+]
 ToolThreadsOpt = Annotated[
     int, typer.Option("--tool-threads", min=1, help="Threads of the worker's pool for sync tools")
 ]

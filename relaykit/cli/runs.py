@@ -10,7 +10,6 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -20,8 +19,10 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from relaykit.authors import author
 from relaykit.cli.common import (
     AddressOpt,
+    AsOpt,
     JsonOpt,
     NamespaceOpt,
     RunIdArg,
@@ -319,16 +320,18 @@ async def approve(
     call_id: Annotated[str, typer.Argument(help="Tool call id (see `relaykit pending`)")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve")] = False,
     reason: Annotated[str | None, typer.Option(help="Reason the model will read")] = None,
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Approve (or --reject) a tool call waiting for a person."""
     _text_arg(reason, "reason")
+    by = _text_arg(author(by), "name")
     handle, description = await _served_handle(run_id, address, namespace, "answer approvals")
     await refuse_if_stuck(handle, description)
     queue = description.task_queue or DEFAULT_TASK_QUEUE
     item = await unless_stuck(
-        handle, queue, handle.approve(call_id, approved=not reject, reason=reason)
+        handle, queue, handle.approve(call_id, approved=not reject, reason=reason, by=by)
     )
     print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
 
@@ -337,27 +340,31 @@ async def approve(
 async def send(
     run_id: RunIdArg,
     text: Annotated[str, typer.Argument(help="Message for the model, at the next turn")],
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Inject a user message into a running run."""
     _text_arg(text, "message")
+    by = _text_arg(author(by), "name")
     handle, description = await _served_handle(run_id, address, namespace, "take messages")
     await refuse_if_stuck(handle, description)
     queue = description.task_queue or DEFAULT_TASK_QUEUE
-    await unless_stuck(handle, queue, handle.send_message(text))
+    await unless_stuck(handle, queue, handle.send_message(text, by=by))
     print("queued")
 
 
 @command
 async def pause(
     run_id: RunIdArg,
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Pause a run at its next turn boundary."""
+    by = _text_arg(author(by), "name")
     handle, _ = await _open_handle(run_id, address, namespace, "pause")
-    await handle.pause()
+    await handle.pause(by=by)
     print("pause requested")
 
 
@@ -365,26 +372,30 @@ async def pause(
 async def resume(
     run_id: RunIdArg,
     text: Annotated[str | None, typer.Argument(help="Optional message for the model")] = None,
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Resume a paused run, optionally with a message."""
     _text_arg(text, "message")
+    by = _text_arg(author(by), "name")
     handle, _ = await _open_handle(run_id, address, namespace, "resume")
-    await handle.resume(text)
+    await handle.resume(text, by=by)
     print("resumed")
 
 
 @command
 async def cancel(
     run_id: RunIdArg,
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Cancel a run (and its child runs and in-flight activities); the run ends at its next
     step, so a worker must serve it (`relaykit terminate` ends it without one)."""
+    by = _text_arg(author(by), "name")
     handle, description = await _open_handle(run_id, address, namespace, "cancel")
-    await handle.cancel()
+    await handle.cancel(by=by)
     queue = description.task_queue or DEFAULT_TASK_QUEUE
     if not await _served(handle.client, queue):
         raise RelaykitError(
@@ -411,13 +422,16 @@ CANCEL_WAIT = 5.0
 async def terminate(
     run_id: RunIdArg,
     reason: Annotated[str | None, typer.Option(help="Why (kept in the run's history)")] = None,
+    by: AsOpt = None,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
     """End a run at once, without running its cleanup (no worker needed); prefer `cancel`."""
     _text_arg(reason, "reason")
+    by = _text_arg(author(by), "name")
     handle, _ = await _open_handle(run_id, address, namespace, "terminate")
-    await handle.workflow.terminate(reason=reason or "terminated with `relaykit terminate`")
+    why = reason or "terminated with `relaykit terminate`"
+    await handle.workflow.terminate(reason=f"{why} (by {by})")
     print(f"run {run_id} terminated")
 
 
@@ -440,9 +454,11 @@ async def events(
             print(event.model_dump_json())
         else:
             path = "/".join(event.run_path)
+            by = event.data.get("by")  # who took an operator action, never cut off
             print(
                 f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} "
-                f"{json.dumps(event.data)[:120]}"
+                + (f"by {by}: " if by else "")
+                + json.dumps(event.data)[:120]
             )
 
 
@@ -492,106 +508,3 @@ async def watch(
         and not plain
     ):
         _print_answer(state.output)
-
-
-@command
-async def runs(
-    status: Annotated[
-        str | None,
-        typer.Option(
-            help="open, running, waiting_approval, paused, budget_reached, completed, "
-            "failed, cancelled, terminated or timed_out"
-        ),
-    ] = None,
-    agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
-    roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
-    tenant: Annotated[
-        str | None, typer.Option(help="Only runs started for this tenant (RelayTenant)")
-    ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first")] = 50,
-    only_stuck: Annotated[
-        bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
-    ] = False,
-    query: Annotated[
-        str | None,
-        typer.Option(help="A visibility filter of your own, e.g. 'RelayCostUSD > 1'"),
-    ] = None,
-    as_json: JsonOpt = False,
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-) -> None:
-    """List runs with their status, agent, age, tokens, cost and build (from relaykit's search
-    attributes); runs whose workflow task keeps failing are marked stuck."""
-    from relaykit.stuck import find_stuck
-    from relaykit.watch import STATUS_FILTERS, list_runs, runs_table
-
-    if status is not None and status not in STATUS_FILTERS:
-        raise RelaykitError(
-            f"unknown status {status!r}", hint="one of: " + ", ".join(STATUS_FILTERS)
-        )
-    if only_stuck and status is None:
-        status = "open"
-    client = await _client(address, namespace)
-    try:
-        rows = await list_runs(
-            client,
-            status=status,
-            agent=agent,
-            roots=roots,
-            limit=limit,
-            tenant=tenant,
-            query=query,
-        )
-    except RPCError as exc:
-        from relaykit.search_attributes import operator_create_args
-
-        register = " ".join(["temporal", *operator_create_args(client.namespace)])
-        raise RelaykitError(
-            f"Temporal: {exc.message}",
-            hint=f"relaykit's search attributes must be registered on the namespace: `{register}`",
-        ) from None
-    wedged = await find_stuck(client, [row.id for row in rows if row.status in LIVE_STATES])
-    for row in rows:
-        row.stuck = wedged[row.id].cause if row.id in wedged else None
-    if only_stuck:
-        rows = [row for row in rows if row.stuck is not None]
-    await _live_tokens(client, [row for row in rows if row.stuck is None])
-    if as_json:
-        print(json.dumps([row.to_json() for row in rows], indent=2))
-        return
-    if not rows:
-        err_console.print("no stuck runs" if only_stuck else "no runs")
-        return
-    if only_stuck:
-        for row in rows:
-            print(f"{row.id}: {row.stuck}")
-        err_console.print(
-            "way out: roll back the worker's code, or `temporal workflow reset` each run "
-            "(docs/deploy.md)"
-        )
-        return
-    table = runs_table(rows)
-    # Ids are what people copy into the next command: never shortened to fit the terminal.
-    run_column = table.columns[0]
-    run_column.no_wrap = True
-    run_column.min_width = max(len(row.id) + (2 if row.parent else 0) for row in rows)
-    wide = Console(width=max(console.width, run_column.min_width + 60), soft_wrap=True)
-    wide.print(table)
-
-
-LIVE_STATES = ("running", "waiting_approval", "paused")
-
-
-async def _live_tokens(client: Client, rows: list[Any]) -> None:
-    """The RelayTokens search attribute is written at status changes; an open run's own state
-    has its tokens as of its last turn (a run whose worker does not answer keeps the former)."""
-
-    async def refresh(row: Any) -> None:
-        try:
-            state = await asyncio.wait_for(get_run(client, row.id).state(), timeout=2.0)
-        except Exception:  # noqa: BLE001 - no worker, or a run closing meanwhile
-            return
-        row.tokens = state.usage.total_tokens
-        row.cost = state.usage.cost_usd
-
-    await asyncio.gather(*(refresh(row) for row in rows if row.status in LIVE_STATES))

@@ -27,12 +27,13 @@ from contextlib import nullcontext
 from typing import TypeVar
 
 from temporalio.api.enums.v1 import PendingActivityState, PendingWorkflowTaskState
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from relaykit.cli.common import _no_worker_message, err_console
 from relaykit.client import DEFAULT_TASK_QUEUE, RunHandle, task_queue_last_poll
 from relaykit.errors import RelaykitError
+from relaykit.run_list import backing_off, model_wait
 from relaykit.runs import PendingApproval, RunResult
 from relaykit.search_attributes import RELAY_STATUS
 from relaykit.stuck import STUCK_ATTEMPTS, first_line, latest_task_failure
@@ -183,13 +184,8 @@ class WaitWatch:
             waiting.append(("workflow task", 0))
         now = time.time()
         for activity in raw.pending_activities:
-            retry_at = activity.next_attempt_schedule_time
-            backing_off = activity.HasField("next_attempt_schedule_time") and (
-                retry_at.ToSeconds() > now
-            )
-            if (
-                activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
-                and not backing_off
+            if activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED and not (
+                backing_off(activity, now)
             ):
                 waiting.append((activity.activity_id, activity.attempt))
         seen = time.monotonic()
@@ -249,28 +245,9 @@ async def _status_line(handle: RunHandle) -> str | None:
         status = f" · waiting for approval (relaykit pending {handle.id})"
     else:
         status = "" if state.status == "running" else f" · {state.status}"
-    waiting = await waiting_reason(handle.client, description)
+    waiting = await model_wait(handle.client, description)
     status += f" · {waiting}" if waiting else ""
     return f"{state.agent} · turn {state.turn}{status}{_activity_line(description)}"
-
-
-async def waiting_reason(client: Client, description: WorkflowExecutionDescription) -> str | None:
-    """Why the run's model call has not been sent yet ("rate limited by openai until
-    12:04:31"), from the heartbeat details of the pending call (relaykit.models.backpressure)."""
-    from relaykit.runs import MODEL_ACTIVITY
-    from relaykit.streaming import ModelProgress
-
-    for pending in description.raw_description.pending_activities:
-        payloads = list(pending.heartbeat_details.payloads)
-        if pending.activity_type.name != MODEL_ACTIVITY or not payloads:
-            continue
-        try:
-            [progress] = await client.data_converter.decode(payloads, [ModelProgress])
-        except Exception:  # noqa: BLE001 - not ours (an older worker): nothing to say
-            continue
-        if isinstance(progress, ModelProgress) and progress.waiting:
-            return progress.waiting
-    return None
 
 
 def _activity_line(description: WorkflowExecutionDescription) -> str:

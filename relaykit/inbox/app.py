@@ -3,7 +3,8 @@
 Routes:
 
 - ``GET /``: the page (:mod:`relaykit.inbox.page`); ``POST /decide``: its forms;
-- ``GET /api/pending``: the waiting calls as JSON; ``POST /api/decide``
+- ``GET /api/pending``: the waiting calls as JSON; ``GET /api/budgets``: the root runs waiting
+  at their dollar limit, with what they spent of it; ``POST /api/decide``
   ``{run_id, call_id, approve, reason?}``: 200 with what was decided, 400 for a malformed body,
   404 for an unknown run or call, 409 for a call answered already or a closed run, 503 when no
   worker serves the run;

@@ -189,13 +189,13 @@ UNREACHABLE_RETRY_SECONDS = 5
 """How soon the page Temporal could not fill asks again by itself."""
 
 
-def render_unreachable(problem: str) -> str:
+def render_unreachable(problem: str, *, name: str = "relaykit inbox") -> str:
     """The page while Temporal cannot be asked: what is wrong and that it retries by itself."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="refresh" content="{UNREACHABLE_RETRY_SECONDS}">'
-        f"<title>relaykit inbox: Temporal unreachable</title><style>{_STYLE}</style></head><body>"
-        "<h1>relaykit inbox</h1>"
+        f"<title>{escape(name)}: Temporal unreachable</title><style>{_STYLE}</style></head>"
+        f"<body><h1>{escape(name)}</h1>"
         f'<div class="notice error">{escape(problem)}</div>'
         f"<p>This page retries by itself every {UNREACHABLE_RETRY_SECONDS} s; no decision is "
         "lost while it waits (the runs keep waiting in Temporal).</p></body></html>"

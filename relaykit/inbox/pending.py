@@ -258,6 +258,8 @@ class Decided(BaseModel):
     tool: str
     approved: bool
     reason: str | None = None
+    by: str | None = None
+    """Who decided, when the decision names them (the console's signed-in person)."""
 
 
 _CLOSED_WORDS = {
@@ -278,10 +280,17 @@ def _answered(events: list[RunEvent], call_id: str) -> bool:
 
 
 async def decide(
-    client: Client, run_id: str, call_id: str, *, approve: bool, reason: str | None = None
+    client: Client,
+    run_id: str,
+    call_id: str,
+    *,
+    approve: bool,
+    reason: str | None = None,
+    by: str | None = None,
 ) -> Decided:
     """Answer one waiting call, as ``relaykit approve`` does (the model reads ``reason`` after a
-    rejection); raises :class:`DecideError` when it cannot be answered."""
+    rejection; ``by`` names who decided); raises :class:`DecideError` when it cannot be
+    answered."""
     run = get_run(client, run_id)
     try:
         description = await run.workflow.describe()
@@ -316,12 +325,12 @@ async def decide(
             f"(waiting: {', '.join(waiting) or 'none'})",
         )
     try:
-        answered = await run.approve(call_id, approved=approve, reason=reason)
+        answered = await run.approve(call_id, approved=approve, reason=reason, by=by)
     except WorkflowUpdateFailedError as exc:  # answered by someone else a moment ago
         message = str(getattr(exc.cause, "message", exc.cause))
         raise DecideError("conflict", message) from None
     return Decided(
-        run_id=run_id, call_id=call_id, tool=answered.tool, approved=approve, reason=reason
+        run_id=run_id, call_id=call_id, tool=answered.tool, approved=approve, reason=reason, by=by
     )
 
 

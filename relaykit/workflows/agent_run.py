@@ -19,6 +19,7 @@ from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
 from relaykit import errors, registry
+from relaykit.authors import MAX_AUTHOR_LENGTH, received_author
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
@@ -33,9 +34,17 @@ from relaykit.runs import (
     RunInput,
     RunResult,
     RunSnapshot,
+    RunState,
     TaskStatus,
 )
-from relaykit.search_attributes import RELAY_AGENT, RELAY_COST_USD, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import (
+    RELAY_AGENT,
+    RELAY_COST_USD,
+    RELAY_LAST_ACTIVITY,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+    RELAY_WAITING_FOR,
+)
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
 from relaykit.workflows.budget_plan import ANSWER_SIGNAL, ASK_SIGNAL
@@ -58,7 +67,7 @@ class AgentRun:
         self._input, self._input_error = _parse_input(input)
         self._loop = TurnLoop(graph, self._input)
         self._loop.on_change = self._publish
-        self._published: tuple[str, str, int] | None = None
+        self._published: tuple[str, str, int, str] | None = None
 
     @workflow.run
     async def run(self, input: RawValue = NO_INPUT) -> RunResult:
@@ -108,7 +117,7 @@ class AgentRun:
     def _publish(self) -> None:
         """Keep the Temporal UI's current details and search attributes in step with the run."""
         state = self._loop.state
-        key = (state.agent, state.status, state.usage.total_tokens)
+        key = (state.agent, state.status, state.usage.total_tokens, waiting_for(state))
         if key == self._published:
             return
         details = [
@@ -120,9 +129,13 @@ class AgentRun:
                 f"- waiting for approval: `{pending.tool}` (call `{pending.call_id}`){why}"
             )
         workflow.set_current_details("\n".join(details))
-        # One upsert per change of agent or status (not per turn: each is a history event).
+        # One upsert per change of agent or status (not per turn: each is a history event), and
+        # in runs that write RelayWaitingFor, per change of what the run waits for.
+        listed = self._loop.setup_flag("list_attributes")
         if self._loop.setup_flag("search_attributes") and (
-            self._published is None or key[:2] != self._published[:2]
+            self._published is None
+            or key[:2] != self._published[:2]
+            or (listed and key[3] != self._published[3])
         ):
             updates: list[SearchAttributeUpdate[Any]] = [
                 RELAY_AGENT.value_set(state.agent),
@@ -131,6 +144,13 @@ class AgentRun:
             ]
             if self._loop.setup_flag("cost_attribute"):
                 updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
+            if listed:
+                updates.append(
+                    RELAY_WAITING_FOR.value_set(key[3])
+                    if key[3]
+                    else RELAY_WAITING_FOR.value_unset()
+                )
+                updates.append(RELAY_LAST_ACTIVITY.value_set(workflow.now()))
             workflow.upsert_search_attributes(updates)
         self._published = key
 
@@ -247,45 +267,52 @@ class AgentRun:
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 
+    # Each handler takes who acted (``by``) as an optional argument after its old ones: an old
+    # client's call has no name, and a new client's call to an old worker still acts (the SDK
+    # drops arguments a handler does not take). See relaykit.authors.
+
     @workflow.update
-    def steer(self, text: str) -> bool:
+    def steer(self, text: str, by: str = "") -> bool:
         """Correct the run now: ``text`` goes to the next model call, and the turn's call in
         flight (if any) is cancelled, its answer unused; returns whether a call was cancelled. A
         summary call in flight is left to finish: the turn's call after it has ``text``."""
-        return self._loop.steer(text)
+        return self._loop.steer(text, received_author(by))
 
     @steer.validator
-    def _validate_steer(self, text: str) -> None:
-        self._validate_send_message(text)
+    def _validate_steer(self, text: str, by: str = "") -> None:
+        self._validate_send_message(text, by)
 
     @workflow.update
-    def send_message(self, text: str) -> int:
+    def send_message(self, text: str, by: str = "") -> int:
         """Queue a user message for the next turn boundary; returns its place in the queue."""
-        return self._loop.run_state.queue_message(text)
+        return self._loop.run_state.queue_message(text, received_author(by))
 
     @send_message.validator
-    def _validate_send_message(self, text: str) -> None:
+    def _validate_send_message(self, text: str, by: str = "") -> None:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("a message needs non-empty text")
+        if not isinstance(by, str) or len(by) > MAX_AUTHOR_LENGTH:
+            raise ValueError(f"a name is a string of at most {MAX_AUTHOR_LENGTH} characters")
         if self._loop.state.status in ("completed", "failed", "cancelled"):
             raise ValueError(f"the run has {self._loop.state.status}")
 
     @workflow.signal(name="send_message_signal")
-    def send_message_signal(self, text: str) -> None:
+    def send_message_signal(self, text: str, by: str = "") -> None:
         if isinstance(text, str) and text.strip():
-            self._loop.run_state.queue_message(text)
+            self._loop.run_state.queue_message(text, received_author(by))
 
     @workflow.signal
-    def pause(self) -> None:
+    def pause(self, by: str = "") -> None:
         """Stop at the next turn boundary (no model call starts while paused)."""
-        self._loop.run_state.set_paused(True)
+        self._loop.run_state.set_paused(True, received_author(by))
 
     @workflow.signal
-    def resume(self, text: str | None = None) -> None:
+    def resume(self, text: str | None = None, by: str = "") -> None:
         """Continue a paused run, optionally with a message for the model."""
+        name = received_author(by)
         if text:
-            self._loop.run_state.queue_message(text)
-        self._loop.run_state.set_paused(False)
+            self._loop.run_state.queue_message(text, name)
+        self._loop.run_state.set_paused(False, name)
 
 
 def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
@@ -307,3 +334,14 @@ def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
             '{"agent": "triage", "input": "…"}; see relaykit.RunInput)'
         )
         return RunInput(agent=""), message
+
+
+def waiting_for(state: RunState) -> str:
+    """What the run waits for a person for (``RelayWaitingFor``), ``""`` while it works: a
+    decision on an unknown outcome counts before plain approvals (it is the rarer, riskier)."""
+    if state.status == "waiting_approval":
+        unknown = any(
+            (p.reason or "").startswith("outcome unknown") for p in state.pending_approvals.values()
+        )
+        return "unknown_outcome" if unknown else "approval"
+    return {"budget_reached": "budget", "paused": "paused"}.get(state.status, "")

@@ -28,6 +28,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 from relaykit import errors
 from relaykit.agent import Agent, Budget
+from relaykit.authors import cancel_author, named
 from relaykit.graph import AgentGraph
 from relaykit.handoff import Handoff
 from relaykit.messages import Message, ModelResponse
@@ -114,6 +115,7 @@ class TurnLoop:
         except BaseException as exc:  # a failed or cancelled run still stops its background tasks
             if is_cancelled_exception(exc):
                 run.set_status("cancelled")
+                run.emit("cancelled", cancel_author(workflow.cancellation_reason()))
             if isinstance(exc, ApplicationError) or is_cancelled_exception(exc):
                 await self._wind_down()
             raise
@@ -192,9 +194,10 @@ class TurnLoop:
         state.task = next((m for m in state.transcript if m.role == "user"), None)
         if self.input.fork is not None:  # a fork goes on from its origin's turn
             state.turn = self.input.fork.turn
-        self.run_state.emit(
-            "run_started", {"input": given if isinstance(given, str) else len(given)}
-        )
+        started: dict[str, Any] = {"input": given if isinstance(given, str) else len(given)}
+        if self.input.fork is not None:  # who forked, and from where
+            started.update(forked_from=str(self.input.fork), **named(self.input.fork.by))
+        self.run_state.emit("run_started", started)
 
     # --- 1. the turn boundary -------------------------------------------------------------------
 
@@ -204,10 +207,10 @@ class TurnLoop:
         run, state = self.run_state, self.state
         if state.paused:
             run.set_status("paused")
-            run.emit("paused", {})
+            run.emit("paused", named(state.paused_by))
             await workflow.wait_condition(lambda: not state.paused)
             run.set_status("running")
-            run.emit("resumed", {})
+            run.emit("resumed", named(state.paused_by))
         self._inject_messages()
         state.transcript.extend(self.tasks.deliver_reports())
         await long_runs.maybe_continue_as_new(run, self._turns_this_run)
@@ -234,17 +237,17 @@ class TurnLoop:
                 self._inject_messages()
 
     def _inject_messages(self) -> None:
-        for text in self.run_state.take_messages():
+        for text, by in self.run_state.take_messages():
             self.state.transcript.append(Message.user(text))
-            self.run_state.emit("message_injected", {"text": text})
+            self.run_state.emit("message_injected", {"text": text, **named(by)})
 
-    def steer(self, text: str) -> bool:
+    def steer(self, text: str, by: str = "") -> bool:
         """Queue ``text`` for the next model call and cancel the turn's call in flight, if any
         (its answer is dropped and it does not count as a turn); returns whether one was
         cancelled. A summary call in flight finishes, and the turn's call after it has ``text``."""
-        self.run_state.queue_message(text)
+        self.run_state.queue_message(text, by)
         cancelled = self.model_calls.steer()
-        self.run_state.emit("steered", {"text": text, "cancelled_call": cancelled})
+        self.run_state.emit("steered", {"text": text, "cancelled_call": cancelled, **named(by)})
         return cancelled
 
     async def _summarize(self, messages: list[Message], instructions: str) -> str:

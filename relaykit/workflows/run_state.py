@@ -10,8 +10,8 @@ ends the run (:meth:`Run.fail`).
 Direction of data: :mod:`relaykit.workflows.loop` drives the run and is the only module that
 decides (turn, switch, finish); the tool path, approvals, handoffs, child runs, MCP and long runs
 receive the :class:`Run` they work on and return an outcome. Each part of the state has one
-writer (:data:`STATE_WRITERS`). None of them imports the loop, and
-this module imports no other module of :mod:`relaykit.workflows` but the transcript seam.
+writer (:data:`STATE_WRITERS`). None of them imports the loop, and this module imports no other
+module of :mod:`relaykit.workflows` but the transcript seam.
 
 Workflow code: deterministic, no I/O.
 """
@@ -34,6 +34,8 @@ from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.semantics import (
     PATCHES,
+    recorded_attribute_choices,
+    recorded_choice,
     recorded_path_checks,
     recorded_semantics,
     recorded_tool_effects,
@@ -50,9 +52,6 @@ do gets a patch of its own, asked for after this one (or a ``v3`` that implies i
 PATCH_RUN_SETUP_V3 = "relaykit.run-setup.v3"
 """v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets, provider queues), by
 one marker."""
-PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
-"""Whether a v3 run upserts ``RelayCostUSD`` with its other search attributes (the namespace had
-it registered when the run started)."""
 PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
 """Model calls on provider queues, in runs recorded with :data:`PATCH_RUN_SETUP_V2` (asked right
 after it: runs recorded with v2 before it have no such marker and keep their queue); runs with
@@ -75,7 +74,9 @@ STATE_WRITERS: dict[str, str] = {
     "usage": "run_state",
     "setup": "run_state",
     "mailbox": "run_state",
+    "mailbox_by": "run_state",
     "paused": "run_state",
+    "paused_by": "run_state",
     "spend": "spend",
     # one mechanism each
     "pending_approvals": "approvals",
@@ -203,14 +204,12 @@ class Run:
                 event_groups=self.graph.event_groups,
             )
             return
-        search_attributes = _recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
-        event_groups = _recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
+        search_attributes = recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
+        event_groups = recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
         if current:
             choices = dict.fromkeys(NEW_RUN_CHOICES_V3 if v3 else NEW_RUN_CHOICES, True)
             if v3 and search_attributes:
-                choices["cost_attribute"] = _recorded_choice(
-                    PATCH_COST_ATTRIBUTE, self.graph.cost_attribute
-                )
+                choices.update(recorded_attribute_choices(self.graph))
             if not v3:  # provider queues came after v2, with a marker of their own
                 choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
         else:  # recorded before v2: a marker each, in this order
@@ -272,19 +271,22 @@ class Run:
 
     # --- what people send: messages and pauses (the workflow's signal and update handlers) ------
 
-    def queue_message(self, text: str) -> int:
-        """A user message for the next turn boundary; returns its place in the queue."""
+    def queue_message(self, text: str, by: str = "") -> int:
+        """A user message for the next turn boundary and who sent it; returns its place."""
         self.state.mailbox.append(text)
+        self.state.mailbox_by.append(by)
         return len(self.state.mailbox)
 
-    def take_messages(self) -> list[str]:
-        """At a turn boundary: the queued messages, in the order they came."""
-        taken = list(self.state.mailbox)
-        self.state.mailbox.clear()
+    def take_messages(self) -> list[tuple[str, str]]:
+        """At a turn boundary: the queued messages in order, each with who sent it."""
+        state = self.state  # messages carried from before names were kept come first, unnamed
+        names = [""] * (len(state.mailbox) - len(state.mailbox_by)) + state.mailbox_by
+        taken = list(zip(state.mailbox, names, strict=True))
+        del state.mailbox[:], state.mailbox_by[:]
         return taken
 
-    def set_paused(self, paused: bool) -> None:
-        self.state.paused = paused
+    def set_paused(self, paused: bool, by: str = "") -> None:
+        self.state.paused, self.state.paused_by = paused, by
 
     # --- usage, budget, failure -----------------------------------------------------------------
 
@@ -376,14 +378,6 @@ NEW_RUN_CHOICES = (
 NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets", "provider_queues")
 """Those a run with :data:`PATCH_RUN_SETUP_V3` has on (``dollar_budgets``:
 relaykit.workflows.spend; ``provider_queues``: relaykit.models.queues)."""
-
-
-def _recorded_choice(patch_id: str, configured: bool) -> bool:
-    """A yes/no choice recorded as a patch marker: made from the worker's configuration when the
-    run first executes, read back from the marker when it is replayed (on any worker)."""
-    if workflow.unsafe.is_replaying():
-        return workflow.patched(patch_id)
-    return configured and workflow.patched(patch_id)
 
 
 def head(text: str, limit: int = 500) -> str:

@@ -14,11 +14,20 @@ carries: in runs started since ``relaykit.run-setup.v2`` by that one marker
 (``workflow.patched``, below). A run started before the change replays without the markers and
 keeps its old behaviour to its end, on any worker; a run continued from one keeps it too (the
 fields default to ``False``).
+
+The same way, once per run: which of the search attributes added later (``RelayCostUSD``, then
+``RelayWaitingFor`` and ``RelayLastActivity``) a run upserts, as the namespace had them
+(:func:`recorded_attribute_choices`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from temporalio import workflow
+
+if TYPE_CHECKING:
+    from relaykit.graph import AgentGraph
 
 PATCHES = {
     "lovia_tool_names": "relaykit.lovia-tool-names",
@@ -59,3 +68,30 @@ def recorded_semantics() -> dict[str, bool]:
     """The ``RunSetup`` fields of lovia's semantics, for a run's first workflow task: ``True``
     for a new run (a marker is written), ``False`` when replaying a run recorded before."""
     return {field: workflow.patched(patch_id) for field, patch_id in PATCHES.items()}
+
+
+PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
+"""Whether a v3 run upserts ``RelayCostUSD`` with its other search attributes (the namespace had
+it registered when the run started)."""
+PATCH_LIST_ATTRIBUTES = "relaykit.run-setup.list-attributes"
+"""``RunSetup.list_attributes`` and ``cost_attribute`` by one marker: a v3 run with search
+attributes also upserts ``RelayCostUSD``, ``RelayWaitingFor`` and ``RelayLastActivity`` (the
+namespace had them all when it started)."""
+
+
+def recorded_attribute_choices(graph: AgentGraph) -> dict[str, bool]:
+    """Which of the search attributes added after the first ones a v3 run with search attributes
+    upserts, for its first workflow task: all (one marker), ``RelayCostUSD`` only (its own
+    marker: a namespace without the list's attributes, or a run recorded before them), or
+    none."""
+    if recorded_choice(PATCH_LIST_ATTRIBUTES, graph.cost_attribute and graph.list_attributes):
+        return {"cost_attribute": True, "list_attributes": True}
+    return {"cost_attribute": recorded_choice(PATCH_COST_ATTRIBUTE, graph.cost_attribute)}
+
+
+def recorded_choice(patch_id: str, configured: bool) -> bool:
+    """A yes/no choice recorded as a patch marker: made from the worker's configuration when the
+    run first executes, read back from the marker when it is replayed (on any worker)."""
+    if workflow.unsafe.is_replaying():
+        return workflow.patched(patch_id)
+    return configured and workflow.patched(patch_id)

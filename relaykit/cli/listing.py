@@ -1,0 +1,136 @@
+"""``relaykit runs``: one page of a namespace's runs, from Temporal's visibility store
+(:mod:`relaykit.run_list`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from temporalio.service import RPCError
+
+from relaykit.cli.common import (
+    AddressOpt,
+    JsonOpt,
+    NamespaceOpt,
+    _client,
+    command,
+    console,
+    err_console,
+)
+from relaykit.errors import RelaykitError
+from relaykit.run_list import COUNTED_REASONS, REASONS, RunFilter, list_runs_page
+
+
+@command
+async def runs(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="open, running, waiting_approval, paused, budget_reached, completed, "
+            "failed, cancelled, terminated or timed_out"
+        ),
+    ] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(help="Only open runs waiting for this: " + ", ".join(REASONS)),
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Only runs whose current agent is this")] = None,
+    roots: Annotated[bool, typer.Option("--roots", help="Leave child runs out")] = False,
+    tenant: Annotated[
+        str | None, typer.Option(help="Only runs started for this tenant (RelayTenant)")
+    ] = None,
+    text: Annotated[
+        str | None, typer.Option("--text", help="Only runs whose id starts with this")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=1000, help="At most this many runs, newest first")
+    ] = 50,
+    page: Annotated[
+        str | None, typer.Option("--page", help="The page token a previous list printed")
+    ] = None,
+    only_stuck: Annotated[
+        bool, typer.Option("--stuck", help="Only open runs whose workflow task keeps failing")
+    ] = False,
+    query: Annotated[
+        str | None,
+        typer.Option(help="A visibility filter of your own, e.g. 'RelayCostUSD > 1'"),
+    ] = None,
+    evals: Annotated[
+        bool,
+        typer.Option("--evals", help="Also list the candidate runs of evaluations (RelayEvalOf)"),
+    ] = False,
+    as_json: JsonOpt = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """List runs with their status, what they wait for, agent, tenant, age, last activity,
+    tokens, cost and build, newest first, a page at a time; above the table, how many open
+    runs wait for each reason."""
+    if only_stuck:
+        if reason not in (None, "stuck"):
+            raise RelaykitError("give --stuck or --reason, not both")
+        reason = "stuck"
+    where = RunFilter(
+        agent=agent,
+        status=status,
+        reason=reason,
+        tenant=tenant,
+        text=text,
+        roots=roots,
+        query=query,
+        evals=evals,
+    )
+    where.check()  # before connecting: a typo is one line, whatever the server
+    client = await _client(address, namespace)
+    try:
+        listed = await list_runs_page(
+            client, where, page_size=limit, page_token=page, counts=not as_json, live_usage=True
+        )
+    except RPCError as exc:
+        from relaykit.search_attributes import operator_create_args
+
+        register = " ".join(["temporal", *operator_create_args(client.namespace)])
+        raise RelaykitError(
+            f"Temporal: {exc.message}",
+            hint=f"relaykit's search attributes must be registered on the namespace: `{register}`",
+        ) from None
+    rows = listed.rows
+    more = f"more: --page {listed.next_page_token}" if listed.next_page_token else None
+    if as_json:
+        print(json.dumps([row.to_json() for row in rows], indent=2))
+        if more:
+            err_console.print(more, highlight=False, soft_wrap=True)
+        return
+    if listed.counts is not None:
+        err_console.print(
+            "waiting: "
+            + " · ".join(
+                f"{listed.counts[name]} {name.replace('_', ' ')}"
+                for name in COUNTED_REASONS
+                if name in listed.counts
+            ),
+            highlight=False,
+        )
+    if not rows:
+        err_console.print("no stuck runs" if only_stuck else "no runs")
+    elif only_stuck:
+        for row in rows:
+            print(f"{row.run_id}: {row.stuck}")
+        err_console.print(
+            "way out: roll back the worker's code, or `temporal workflow reset` each run "
+            "(docs/deploy.md)"
+        )
+    else:
+        from relaykit.watch import runs_table
+
+        table = runs_table(rows)
+        # Ids are what people copy into the next command: never shortened to fit the terminal.
+        run_column = table.columns[0]
+        run_column.no_wrap = True
+        run_column.min_width = max(len(row.run_id) + (2 if row.parent else 0) for row in rows)
+        wide = Console(width=max(console.width, run_column.min_width + 80), soft_wrap=True)
+        wide.print(table)
+    if more:
+        err_console.print(more, highlight=False, soft_wrap=True)
