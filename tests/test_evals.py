@@ -272,7 +272,7 @@ def eval_command(rig: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
 
 
 async def finished(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
-    out, _ = await asyncio.to_thread(proc.communicate, timeout=120)
+    out, _ = await asyncio.to_thread(proc.communicate, timeout=300)  # a bound, not a target
     return proc.returncode, out.decode()
 
 
