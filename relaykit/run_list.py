@@ -259,9 +259,9 @@ async def list_runs_page(
         if live_usage:
             await _live_usage(client, rows)
         counted = await counting if counting is not None else None
-    finally:
-        if counting is not None and not counting.done():
-            counting.cancel()
+    finally:  # the list failed (an unknown namespace): the counts are not wanted, nor their error
+        if counting is not None and not counting.cancel() and not counting.cancelled():
+            counting.exception()
     if where.reason in PAGE_REASONS:
         rows = [row for row in rows if row.waiting and row.waiting.reason == where.reason]
     token = listing.next_page_token
