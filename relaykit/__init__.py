@@ -12,7 +12,7 @@ import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 # isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.context_policy import ContextPolicy, default_context_policy
-from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
+from relaykit.errors import ApprovalNotWaiting, ConfigurationError, RelaykitError, RunFailed
 from relaykit.handoff import (
     Handoff,
     HandoffArgs,
@@ -61,6 +61,7 @@ from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
 from relaykit.workflows.loop import run_agent
 
 if TYPE_CHECKING:
+    from relaykit.bulk_approvals import BulkAnswer, answer_waiting
     from relaykit.client import (
         RunHandle,
         connect,
@@ -73,6 +74,8 @@ if TYPE_CHECKING:
     from relaykit.fork import ForkError, fork_run
 
 _CLIENT_SIDE = {
+    "BulkAnswer": "relaykit.bulk_approvals",
+    "answer_waiting": "relaykit.bulk_approvals",
     "RunHandle": "relaykit.client",
     "connect": "relaykit.client",
     "get_run": "relaykit.client",
@@ -117,6 +120,8 @@ __all__ = [
     "ApprovalOrder",
     "Budget",
     "CancelSubagentArgs",
+    "ApprovalNotWaiting",
+    "BulkAnswer",
     "ConfigurationError",
     "ContextPolicy",
     "ForkError",
@@ -157,6 +162,7 @@ __all__ = [
     "Usage",
     "WaitSubagentsArgs",
     "Worker",
+    "answer_waiting",
     "compose_data_converter",
     "connect",
     "default_context_policy",

@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from relaykit.agent import Agent, Budget
 from relaykit.codec import codec_from_env, compose_data_converter
-from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
+from relaykit.errors import RUN_CANCELLED, ApprovalNotWaiting, RelaykitError, RunFailed
 from relaykit.messages import Message
 from relaykit.names import slug
 from relaykit.payload_storage import with_external_storage
@@ -174,13 +174,32 @@ class RunHandle:
         return pending
 
     async def approve(
-        self, call_id: str, approved: bool = True, reason: str | None = None
+        self,
+        call_id: str,
+        approved: bool = True,
+        reason: str | None = None,
+        *,
+        wait: bool = True,
+        by: str | None = None,
     ) -> PendingApproval:
-        """Answer an approval; raises if the call id is unknown or already answered."""
+        """Answer an approval; raises if the call id is unknown or already answered.
+
+        ``wait=True`` (the default) answers by the ``approve`` update: it returns once the run
+        has taken the answer (a workflow task on its worker). ``wait=False`` checks the call
+        against the run's ``pending_approvals`` query (no workflow task) and then signals the
+        answer, at signal speed, for answering many at once (see :mod:`relaykit.bulk_approvals`:
+        a call that stops waiting in between keeps its first answer, and the run records this
+        one as an ``approval_refused`` event). Both raise :class:`~relaykit.errors.
+        ApprovalNotWaiting` for a call that is not waiting (the update:
+        ``WorkflowUpdateFailedError``). ``by`` (default: this machine's user) is recorded with
+        the answer."""
+        decision = ApprovalDecision(
+            call_id=call_id, approved=approved, reason=reason, by=by or operator_name()
+        )
+        if not wait:
+            return await signal_answer(self, await self.pending_approvals(), decision)
         answered: PendingApproval = await self.workflow.execute_update(
-            "approve",
-            ApprovalDecision(call_id=call_id, approved=approved, reason=reason),
-            result_type=PendingApproval,
+            "approve", decision, result_type=PendingApproval
         )
         return answered
 
@@ -206,7 +225,9 @@ class RunHandle:
         """Set (``max_usd``) or raise (``raise_by``) the run's dollar limit, or ``finish``: one
         last call without tools for the best answer so far. A run waiting at its limit goes on
         where it stopped. ``by`` (default: this machine's user) is recorded with the change."""
-        change = BudgetChange(max_usd=max_usd, raise_by=raise_by, finish=finish, by=by or _user())
+        change = BudgetChange(
+            max_usd=max_usd, raise_by=raise_by, finish=finish, by=by or operator_name()
+        )
         view: BudgetView = await self.workflow.execute_update(
             "set_budget", change, result_type=BudgetView
         )
@@ -222,7 +243,25 @@ class RunHandle:
         await self.workflow.cancel()
 
 
-def _user() -> str:
+async def signal_answer(
+    run: RunHandle, pending: list[PendingApproval], decision: ApprovalDecision
+) -> PendingApproval:
+    """Signal ``decision`` to ``run`` when ``pending`` (its waiting calls, as its query just
+    listed them) has the call; else raise :class:`~relaykit.errors.ApprovalNotWaiting`."""
+    waiting = {item.call_id: item for item in pending}
+    item = waiting.get(decision.call_id)
+    if item is None:
+        raise ApprovalNotWaiting(
+            f"no pending approval with call id {decision.call_id!r} in run {run.id!r} "
+            f"(waiting: {', '.join(waiting) or 'none'})",
+            hint=f"`relaykit pending {run.id}` lists what it waits for",
+        )
+    await run.workflow.signal("approve_signal", decision)
+    return item
+
+
+def operator_name() -> str:
+    """Who acts, when a caller does not say: this machine's user name."""
     import getpass
 
     try:

@@ -32,6 +32,7 @@ EventKind = Literal[
     "handoff",
     "approval_requested",
     "approval_answered",
+    "approval_refused",
     "message_injected",
     "steered",
     "paused",
@@ -123,6 +124,9 @@ class ApprovalDecision(BaseModel):
     reason: str | None = None
     timed_out: bool = False
     """Set by relaykit when nobody answered within the tool's ``approval_timeout``."""
+    by: str = Field("", max_length=200)
+    """Who answered (a person's or a service's name; empty in answers sent before it existed).
+    Recorded with the answer in the run's ``approval_answered`` event."""
 
 
 TaskStatus = Literal["running", "finished", "failed", "cancelled"]

@@ -180,11 +180,15 @@ class AgentRun:
 
     @workflow.signal(name="approve_signal")
     def approve_signal(self, decision: ApprovalDecision) -> None:
-        """Fire-and-forget variant of :meth:`approve`; unknown or repeated answers are ignored."""
+        """The signal variant of :meth:`approve` (bulk answers: the sender checked the call was
+        waiting, :mod:`relaykit.approvals`). An answer to a call that no longer waits (answered
+        a moment before by someone else, timed out) changes nothing and is recorded as an
+        ``approval_refused`` event with why: never dropped unseen."""
         try:
             self._loop.approvals.validate(decision)
         except ValueError as exc:
-            workflow.logger.warning("ignored approval: %s", exc)
+            workflow.logger.warning("refused approval: %s", exc)
+            self._loop.approvals.refused(decision, str(exc))
             return
         self._loop.approvals.answer(decision)
 

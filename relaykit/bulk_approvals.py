@@ -1,0 +1,131 @@
+"""Answering many approvals at signal speed, each still checked and recorded.
+
+An answer by the ``approve`` update waits for a worker to run its validator and handler: the
+caller learns at once whether the call was waiting, but a thousand answers cost a thousand
+workflow tasks in turn (tens of seconds on a loaded worker). A signal costs the server one
+write, like bare Temporal's, and no worker time until the run's next task. This module keeps
+what the update gives on top of the signal:
+
+1. **checked first**: each answer is checked against the run's ``pending_approvals`` query
+   (served by a worker from its cache of runs: no history event, no workflow task), so the
+   caller learns at once whether the call was waiting, and an answer to a call that is not is
+   reported as such (:data:`NOT_WAITING`), never sent;
+2. **signalled**: ``approve_signal`` carries the same :class:`~relaykit.runs.ApprovalDecision`
+   (with ``by``, the author), and the run records it in its ``approval_answered`` event;
+3. **the race, defined**: a call can stop waiting between the check and the signal (a person
+   answered it by the update a moment before, or its ``approval_timeout`` ran out). Then the
+   first answer stands, and the run records the late one as an ``approval_refused`` event
+   saying why: it is in the run's events (``relaykit events``), not silently dropped.
+
+Which runs: one visibility list (``RelayStatus = 'waiting_approval'``, root runs, and the
+caller's own filter) names the runs to check, page by page, so the cost is one list request per
+page and one query and one signal per waiting run, whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from relaykit.client import get_run, operator_name, signal_answer
+from relaykit.runs import AGENT_RUN_WORKFLOW, ApprovalDecision
+
+ANSWERED = "answered"
+NOT_WAITING = "not_waiting"
+UNREADABLE = "unreadable"
+BulkStatus = Literal["answered", "not_waiting", "unreadable"]
+
+DEFAULT_CONCURRENCY = 100
+"""Runs checked and signalled at once."""
+
+
+class BulkAnswer(BaseModel):
+    """What happened to one answer of a bulk approval."""
+
+    run_id: str
+    call_id: str
+    status: BulkStatus
+    """``answered``: signalled to a call that was waiting; ``not_waiting``: not sent (the run
+    listed no such call); ``unreadable``: the run did not answer its query (no worker, or a
+    worker that could not read it): nothing was sent."""
+    tool: str = ""
+    detail: str = ""
+
+
+def waiting_runs_query(extra: str | None = None) -> str:
+    """The visibility query naming root runs that wait for a person, narrowed by ``extra``
+    (any Temporal visibility filter, e.g. ``RelayAgent = 'triage'``)."""
+    query = (
+        f"WorkflowType = '{AGENT_RUN_WORKFLOW}' AND RelayStatus = 'waiting_approval' "
+        "AND ExecutionStatus = 'Running' AND RelayParentRun IS NULL"
+    )
+    return f"{query} AND ({extra})" if extra and extra.strip() else query
+
+
+async def answer_waiting(
+    client: Client,
+    query: str | None = None,
+    *,
+    approved: bool = True,
+    reason: str | None = None,
+    by: str | None = None,
+    run_ids: list[str] | None = None,
+    call_ids: set[str] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> list[BulkAnswer]:
+    """Answer every call waiting in the runs ``query`` finds (or in ``run_ids``), or only the
+    calls ``call_ids`` names, each checked and then signalled (see the module docstring).
+
+    Returns one :class:`BulkAnswer` per answer, in no particular order; a call named in
+    ``call_ids`` that no run listed is reported as ``not_waiting``."""
+    author = by or operator_name()
+    if run_ids is None:
+        run_ids = [
+            execution.id async for execution in client.list_workflows(waiting_runs_query(query))
+        ]
+    limit = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(run_id: str) -> list[BulkAnswer]:
+        async with limit:
+            run = get_run(client, run_id)
+            try:
+                pending = await run.pending_approvals()
+            except (RPCError, WorkflowQueryFailedError) as exc:
+                return [BulkAnswer(run_id=run_id, call_id="", status=UNREADABLE, detail=str(exc))]
+            answers: list[BulkAnswer] = []
+            for item in pending:
+                if call_ids is not None and item.call_id not in call_ids:
+                    continue
+                decision = ApprovalDecision(
+                    call_id=item.call_id, approved=approved, reason=reason, by=author
+                )
+                await signal_answer(run, [item], decision)
+                answers.append(
+                    BulkAnswer(run_id=run_id, call_id=item.call_id, status=ANSWERED, tool=item.tool)
+                )
+            return answers
+
+    results = [answer for run in await asyncio.gather(*map(one, run_ids)) for answer in run]
+    if call_ids is not None:
+        seen = {answer.call_id for answer in results}
+        results.extend(
+            BulkAnswer(
+                run_id="", call_id=call_id, status=NOT_WAITING, detail="no listed run waits for it"
+            )
+            for call_id in sorted(call_ids - seen)
+        )
+    return results
+
+
+__all__ = [
+    "ANSWERED",
+    "NOT_WAITING",
+    "UNREADABLE",
+    "BulkAnswer",
+    "answer_waiting",
+    "waiting_runs_query",
+]
