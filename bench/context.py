@@ -33,6 +33,15 @@ MODEL_ACTIVITY_OF = {"relaykit": MODEL_ACTIVITY, "floor": FLOOR_MODEL}
 def supports_transport() -> bool:
     """Whether this relaykit lets a run choose how the transcript reaches the model."""
     return "transcript_transport" in RunInput.model_fields
+
+
+def supports_signalled_approvals() -> bool:
+    """Whether this relaykit answers approvals by a checked signal (``approve(wait=False)``)."""
+    import inspect
+
+    return "wait" in inspect.signature(RunHandle.approve).parameters
+
+
 RUN_TIMEOUT = 900.0
 
 
@@ -247,8 +256,13 @@ class Bench:
         )
 
     async def answer_approval(self, system: str, handle: WorkflowHandle[Any, Any]) -> None:
+        """relaykit: checked against the run's waiting calls, then signalled (``wait=False``),
+        where this relaykit has it; before, by the ``approve`` update."""
         if system == "relaykit":
-            await RunHandle(handle).approve(agents.APPROVAL_CALL_ID)
+            if supports_signalled_approvals():
+                await RunHandle(handle).approve(agents.APPROVAL_CALL_ID, wait=False, by="bench")
+            else:
+                await RunHandle(handle).approve(agents.APPROVAL_CALL_ID)
         else:
             await handle.signal("approve")
 

@@ -370,7 +370,7 @@ async def idle(bench: Bench) -> None:
     )
     bench.results.add(
         Row(scenario, f"time to answer all, {label}", "s", *_both(answer),
-            note="relaykit: approve update; floor: signal")
+            note="relaykit: approve(wait=False), a query then a signal; floor: signal")
     )
     bench.results.add(Row(scenario, f"time until all finished, {label}", "s", *_both(drain)))
 
