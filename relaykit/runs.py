@@ -238,6 +238,11 @@ class RunSetup(BaseModel):
     started before, which count tokens and requests only."""
     cost_attribute: bool = False
     """Whether the run upserts ``RelayCostUSD`` with the other search attributes."""
+    # Since ``relaykit.run-setup.v4`` (which implies v3's choices).
+    batched_attributes: bool = False
+    """The run's search attributes are upserted at most once per workflow task, after its other
+    commands, with the values it ends the task with (``relaykit.workflows.agent_run``);
+    ``False`` for runs started before, which upsert at each change of agent or status."""
 
 
 class SpendState(BaseModel):

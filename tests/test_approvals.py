@@ -167,7 +167,9 @@ async def test_approval_predicate_on_arguments_and_rejection_reason_reaches_the_
         handle = await start_run(client, agent, "pay", task_queue=worker.task_queue)
         await waiting_for_approval(handle)
         assert [p.call_id for p in await handle.pending_approvals()] == ["call_big"]
-        await handle.approve("call_big", approved=False, reason="over the daily limit")
+        await handle.approve(
+            "call_big", approved=False, reason="over the daily limit", by="treasurer"
+        )
         result = await handle.result()
         answered = [e for e in await handle.events() if e.kind == "approval_answered"]
     assert transfers == [50]
@@ -183,6 +185,7 @@ async def test_approval_predicate_on_arguments_and_rejection_reason_reaches_the_
         "approved": False,
         "reason": "over the daily limit",
         "timed_out": False,
+        "by": "treasurer",
     }
 
 

@@ -9,6 +9,7 @@ compatibility data for runs in flight.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -56,6 +57,8 @@ class AgentRun:
         self._loop = TurnLoop(graph, self._input)
         self._loop.on_change = self._publish
         self._published: tuple[str, str, int] | None = None
+        self._upsert_due = False
+        """An upsert is scheduled for the end of this workflow task (``batched_attributes``)."""
 
     @workflow.run
     async def run(self, input: RawValue = NO_INPUT) -> RunResult:
@@ -66,6 +69,12 @@ class AgentRun:
             raise ApplicationError(
                 self._input_error, type=errors.INVALID_RUN_INPUT, non_retryable=True
             )
+        try:
+            return await self._run()
+        finally:
+            self._flush_attributes()
+
+    async def _run(self) -> RunResult:
         report_to = self._input.report_to
         if report_to is None:
             try:
@@ -121,15 +130,31 @@ class AgentRun:
         if self._loop.setup_flag("search_attributes") and (
             self._published is None or key[:2] != self._published[:2]
         ):
-            updates: list[SearchAttributeUpdate[Any]] = [
-                RELAY_AGENT.value_set(state.agent),
-                RELAY_STATUS.value_set(state.status),
-                RELAY_TOKENS.value_set(state.usage.total_tokens),
-            ]
-            if self._loop.setup_flag("cost_attribute"):
-                updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
-            workflow.upsert_search_attributes(updates)
+            if not self._loop.setup_flag("batched_attributes"):
+                self._upsert_attributes()
+            elif not self._upsert_due:  # once per workflow task, after its other commands
+                self._upsert_due = True
+                asyncio.get_running_loop().call_soon(self._flush_attributes)
         self._published = key
+
+    def _upsert_attributes(self) -> None:
+        """Upsert the run's search attributes as they stand now (the last values of the task)."""
+        self._upsert_due = False
+        state = self._loop.state
+        updates: list[SearchAttributeUpdate[Any]] = [
+            RELAY_AGENT.value_set(state.agent),
+            RELAY_STATUS.value_set(state.status),
+            RELAY_TOKENS.value_set(state.usage.total_tokens),
+        ]
+        if self._loop.setup_flag("cost_attribute"):
+            updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
+        workflow.upsert_search_attributes(updates)
+
+    def _flush_attributes(self) -> None:
+        """Before the run ends (or continues as new): the upsert its last task still owes comes
+        before the command that ends it."""
+        if self._upsert_due:
+            self._upsert_attributes()
 
     @workflow.query
     def state(self) -> RunSnapshot:

@@ -50,6 +50,17 @@ do gets a patch of its own, asked for after this one (or a ``v3`` that implies i
 PATCH_RUN_SETUP_V3 = "relaykit.run-setup.v3"
 """v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets, provider queues), by
 one marker."""
+PATCH_RUN_SETUP_V4 = "relaykit.run-setup.v4"
+"""v3's choices and :data:`NEW_RUN_CHOICES_V4`, with the worker's search-attribute choices
+recorded by the same marker (:data:`SETUP_V4_IDS`): a new run writes one marker and one
+``TemporalChangeVersion`` upsert where v3 wrote up to three of each."""
+SETUP_V4_IDS: dict[tuple[bool, bool], str] = {
+    (False, False): PATCH_RUN_SETUP_V4,
+    (True, False): f"{PATCH_RUN_SETUP_V4}+search-attributes",
+    (True, True): f"{PATCH_RUN_SETUP_V4}+search-attributes+cost",
+}
+"""The v4 marker's id for each (search attributes, ``RelayCostUSD``) choice (compatibility
+data: never rename)."""
 PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
 """Whether a v3 run upserts ``RelayCostUSD`` with its other search attributes (the namespace had
 it registered when the run started)."""
@@ -195,7 +206,18 @@ class Run:
         its own configuration."""
         if self.state.setup is not None:
             return
-        v3 = workflow.patched(PATCH_RUN_SETUP_V3)  # a new run: one marker for its choices
+        v4 = _recorded_v4(self.graph)  # a new run: one marker for all its choices
+        if v4 is not None:
+            search_attributes, cost_attribute = v4
+            choices = dict.fromkeys(NEW_RUN_CHOICES_V4, True)
+            self.state.setup = RunSetup(
+                search_attributes=search_attributes,
+                cost_attribute=cost_attribute,
+                event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
+                **choices,
+            )
+            return
+        v3 = workflow.patched(PATCH_RUN_SETUP_V3)  # recorded by v3: a marker for its choices
         current = v3 or workflow.patched(PATCH_RUN_SETUP_V2)
         if not current and not workflow.patched(PATCH_RUN_SETUP):  # before they were recorded
             self.state.setup = RunSetup(
@@ -373,6 +395,25 @@ NEW_RUN_CHOICES = (
 NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets", "provider_queues")
 """Those a run with :data:`PATCH_RUN_SETUP_V3` has on (``dollar_budgets``:
 relaykit.workflows.spend; ``provider_queues``: relaykit.models.queues)."""
+NEW_RUN_CHOICES_V4 = (*NEW_RUN_CHOICES_V3, "batched_attributes")
+"""Those a run with :data:`PATCH_RUN_SETUP_V4` has on (``batched_attributes``:
+relaykit.workflows.agent_run)."""
+
+
+def _recorded_v4(graph: AgentGraph) -> tuple[bool, bool] | None:
+    """The (search attributes, ``RelayCostUSD``) choice of a run recorded with
+    :data:`PATCH_RUN_SETUP_V4`, or ``None`` for a run recorded before it. Live, the worker's
+    configuration decides and the one matching marker records it; a replay reads which marker
+    the history has (a ``patched`` call for an id not recorded writes nothing then)."""
+    if workflow.unsafe.is_replaying():
+        for choice, patch_id in SETUP_V4_IDS.items():
+            if workflow.patched(patch_id):
+                return choice
+        return None
+    search_attributes = graph.search_attributes
+    choice = (search_attributes, search_attributes and graph.cost_attribute)
+    workflow.patched(SETUP_V4_IDS[choice])  # live: true, and its marker records the choice
+    return choice
 
 
 def _recorded_choice(patch_id: str, configured: bool) -> bool:
