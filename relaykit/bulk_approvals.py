@@ -6,10 +6,12 @@ workflow tasks in turn (tens of seconds on a loaded worker). A signal costs the 
 write, like bare Temporal's, and no worker time until the run's next task. This module keeps
 what the update gives on top of the signal:
 
-1. **checked first**: each answer is checked against the run's ``pending_approvals`` query
-   (served by a worker from its cache of runs: no history event, no workflow task), so the
-   caller learns at once whether the call was waiting, and an answer to a call that is not is
-   reported as such (:data:`NOT_WAITING`), never sent;
+1. **checked first**: each answer is checked against the calls the run lists as waiting, from
+   the server: the ``RelayWaitingCalls`` search attribute (in the visibility listing for a bulk
+   answer, in ``describe`` for one run), or the run's ``pending_approvals`` query where the run
+   does not keep it. A query needs the run's worker, which is busy when many runs go on at
+   once; the attribute needs none. So the caller learns at once whether the call was waiting,
+   and an answer to a call that is not is reported as such (:data:`NOT_WAITING`), never sent;
 2. **signalled**: ``approve_signal`` carries the same :class:`~relaykit.runs.ApprovalDecision`
    (with ``by``, the author), and the run records it in its ``approval_answered`` event;
 3. **the race, defined**: a call can stop waiting between the check and the signal (a person
@@ -18,8 +20,8 @@ what the update gives on top of the signal:
    saying why: it is in the run's events (``relaykit events``), not silently dropped.
 
 Which runs: one visibility list (``RelayStatus = 'waiting_approval'``, root runs, and the
-caller's own filter) names the runs to check, page by page, so the cost is one list request per
-page and one query and one signal per waiting run, whatever the number of runs.
+caller's own filter) names the runs and their waiting calls, page by page, so the cost is one
+list request per page and one signal per waiting call, whatever the number of runs.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from relaykit.client import get_run, operator_name, signal_answer
+from relaykit.client import get_run, operator_name, signal_answer, waiting_call
 from relaykit.runs import AGENT_RUN_WORKFLOW, ApprovalDecision
+from relaykit.search_attributes import RELAY_WAITING_CALLS
 
 ANSWERED = "answered"
 NOT_WAITING = "not_waiting"
@@ -83,17 +86,23 @@ async def answer_waiting(
     Returns one :class:`BulkAnswer` per answer, in no particular order; a call named in
     ``call_ids`` that no run listed is reported as ``not_waiting``."""
     author = by or operator_name()
+    listed: dict[str, list[str] | None] = {}
     if run_ids is None:
-        run_ids = [
-            execution.id async for execution in client.list_workflows(waiting_runs_query(query))
-        ]
+        async for execution in client.list_workflows(waiting_runs_query(query)):
+            calls = execution.typed_search_attributes.get(RELAY_WAITING_CALLS)
+            listed[execution.id] = list(calls) if calls else None
+    else:
+        listed = dict.fromkeys(run_ids)
     limit = asyncio.Semaphore(max(1, concurrency))
 
-    async def one(run_id: str) -> list[BulkAnswer]:
+    async def one(run_id: str, calls: list[str] | None) -> list[BulkAnswer]:
         async with limit:
             run = get_run(client, run_id)
             try:
-                pending = await run.pending_approvals()
+                if calls is not None:  # listed by visibility: no worker asked
+                    pending = [waiting_call(run_id, call_id) for call_id in calls]
+                else:
+                    pending = await run.waiting_calls()
             except (RPCError, WorkflowQueryFailedError) as exc:
                 return [BulkAnswer(run_id=run_id, call_id="", status=UNREADABLE, detail=str(exc))]
             answers: list[BulkAnswer] = []
@@ -109,7 +118,8 @@ async def answer_waiting(
                 )
             return answers
 
-    results = [answer for run in await asyncio.gather(*map(one, run_ids)) for answer in run]
+    runs = await asyncio.gather(*(one(run_id, calls) for run_id, calls in listed.items()))
+    results = [answer for run in runs for answer in run]
     if call_ids is not None:
         seen = {answer.call_id for answer in results}
         results.extend(

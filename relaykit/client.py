@@ -167,6 +167,20 @@ class RunHandle:
             poll_interval=poll_interval,
         )
 
+    async def waiting_calls(self) -> list[PendingApproval]:
+        """The calls waiting for a person, read from the server without a worker when the run
+        keeps ``RelayWaitingCalls`` (then only ``call_id`` and ``workflow_id`` are filled in),
+        else by the ``pending_approvals`` query. The attribute follows each workflow task as it
+        completes, so a call answered a moment ago may still be listed (its late answer is then
+        recorded as refused, :mod:`relaykit.bulk_approvals`)."""
+        from relaykit.search_attributes import RELAY_WAITING_CALLS
+
+        description = await self.workflow.describe()
+        listed = description.typed_search_attributes.get(RELAY_WAITING_CALLS)
+        if not listed:  # not kept by this run, or nothing waits: the run itself says
+            return await self.pending_approvals()
+        return [waiting_call(self.id, call_id) for call_id in listed]
+
     async def pending_approvals(self) -> list[PendingApproval]:
         pending: list[PendingApproval] = await self.workflow.query(
             "pending_approvals", result_type=list[PendingApproval]
@@ -197,7 +211,7 @@ class RunHandle:
             call_id=call_id, approved=approved, reason=reason, by=by or operator_name()
         )
         if not wait:
-            return await signal_answer(self, await self.pending_approvals(), decision)
+            return await signal_answer(self, await self.waiting_calls(), decision)
         answered: PendingApproval = await self.workflow.execute_update(
             "approve", decision, result_type=PendingApproval
         )
@@ -241,6 +255,11 @@ class RunHandle:
 
     async def cancel(self) -> None:
         await self.workflow.cancel()
+
+
+def waiting_call(run_id: str, call_id: str) -> PendingApproval:
+    """A waiting call known by its id only (from ``RelayWaitingCalls``)."""
+    return PendingApproval(call_id=call_id, tool="", arguments="", agent="", workflow_id=run_id)
 
 
 async def signal_answer(

@@ -243,6 +243,9 @@ class RunSetup(BaseModel):
     """The run's search attributes are upserted at most once per workflow task, after its other
     commands, with the values it ends the task with (``relaykit.workflows.agent_run``);
     ``False`` for runs started before, which upsert at each change of agent or status."""
+    waiting_calls_attribute: bool = False
+    """Whether the run upserts ``RelayWaitingCalls`` (the call ids waiting for a person) with its
+    other search attributes."""
 
 
 class SpendState(BaseModel):

@@ -16,7 +16,7 @@ enabled runs:
           --name RelayAgent --type Keyword --name RelayStatus --type Keyword \\
           --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
           --name RelayForkOf --type Keyword --name RelayTenant --type Keyword \\
-          --name RelayCostUSD --type Double
+          --name RelayCostUSD --type Double --name RelayWaitingCalls --type KeywordList
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -66,6 +66,12 @@ RELAY_TENANT: Final = SearchAttributeKey.for_keyword("RelayTenant")
 """The tenant a run was started for (``start_run(..., tenant=...)``, also on forks). Set when the
 run starts, and only when the namespace has it."""
 
+RELAY_WAITING_CALLS: Final = SearchAttributeKey.for_keyword_list("RelayWaitingCalls")
+"""The call ids waiting for a person in the run (its own and its agent-tool children's), e.g.
+``RelayWaitingCalls = 'call_7'``: answering many approvals checks them here, from the server,
+without a query to a busy worker (:mod:`relaykit.bulk_approvals`). Written with the others, only
+when the namespace has it."""
+
 UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
     RELAY_STATUS,
@@ -74,7 +80,13 @@ UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
 ]
 """What runs write themselves: a worker lets runs upsert only when all of these are registered."""
 
-ALL: Final[list[SearchAttributeKey[Any]]] = [*UPSERTED, RELAY_FORK_OF, RELAY_TENANT, RELAY_COST_USD]
+ALL: Final[list[SearchAttributeKey[Any]]] = [
+    *UPSERTED,
+    RELAY_FORK_OF,
+    RELAY_TENANT,
+    RELAY_COST_USD,
+    RELAY_WAITING_CALLS,
+]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
 # The spelling that `temporal` CLI flags (--search-attribute, --type) accept.
@@ -168,6 +180,19 @@ async def ensure_registered(
             AddSearchAttributesRequest(search_attributes=missing, namespace=ns)
         )
     return list(missing)
+
+
+async def waiting_calls_registered(client: Any) -> bool:
+    """Whether the client's namespace has ``RelayWaitingCalls`` (added after the others)."""
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    try:
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+    except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
+        return False
+    return RELAY_WAITING_CALLS.name in response.custom_attributes
 
 
 async def cost_registered(client: Any) -> bool:

@@ -122,6 +122,7 @@ def test_search_attribute_commands() -> None:
         "RelayForkOf=Keyword",
         "RelayTenant=Keyword",
         "RelayCostUSD=Double",
+        "RelayWaitingCalls=KeywordList",
     ]
     args = search_attributes.operator_create_args("prod", address="temporal:7233")
     assert args[:5] == ["operator", "search-attribute", "create", "--namespace", "prod"]

@@ -382,7 +382,8 @@ async def _approve_all(
     for answer in sorted(answers, key=lambda a: (a.run_id, a.call_id)):
         if answer.status == ANSWERED:
             done += 1
-            print(f"{word}\t{answer.run_id}\t{answer.call_id}\t{answer.tool}")
+            tool = f"\t{answer.tool}" if answer.tool else ""  # listed by id only
+            print(f"{word}\t{answer.run_id}\t{answer.call_id}{tool}")
         else:
             err_console.print(
                 f"not answered ({answer.status}): run {answer.run_id} {answer.call_id} "

@@ -34,7 +34,13 @@ from relaykit.runs import (
     RunSnapshot,
     TaskStatus,
 )
-from relaykit.search_attributes import RELAY_AGENT, RELAY_COST_USD, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import (
+    RELAY_AGENT,
+    RELAY_COST_USD,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+    RELAY_WAITING_CALLS,
+)
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
 from relaykit.workflows.loop import TurnLoop
@@ -56,7 +62,7 @@ class AgentRun:
         self._input, self._input_error = _parse_input(input)
         self._loop = TurnLoop(graph, self._input)
         self._loop.on_change = self._publish
-        self._published: tuple[str, str, int] | None = None
+        self._published: tuple[str, str, tuple[str, ...], int] | None = None
         self._upsert_due = False
         """An upsert is scheduled for the end of this workflow task (``batched_attributes``)."""
 
@@ -114,7 +120,8 @@ class AgentRun:
     def _publish(self) -> None:
         """Keep the Temporal UI's current details and search attributes in step with the run."""
         state = self._loop.state
-        key = (state.agent, state.status, state.usage.total_tokens)
+        waiting = tuple(state.pending_approvals) if self._waiting_calls else ()
+        key = (state.agent, state.status, waiting, state.usage.total_tokens)
         if key == self._published:
             return
         details = [
@@ -128,7 +135,7 @@ class AgentRun:
         workflow.set_current_details("\n".join(details))
         # One upsert per change of agent or status (not per turn: each is a history event).
         if self._loop.setup_flag("search_attributes") and (
-            self._published is None or key[:2] != self._published[:2]
+            self._published is None or key[:3] != self._published[:3]
         ):
             if not self._loop.setup_flag("batched_attributes"):
                 self._upsert_attributes()
@@ -148,7 +155,18 @@ class AgentRun:
         ]
         if self._loop.setup_flag("cost_attribute"):
             updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
+        if self._waiting_calls:
+            waiting = list(state.pending_approvals)
+            updates.append(
+                RELAY_WAITING_CALLS.value_set(waiting)
+                if waiting
+                else RELAY_WAITING_CALLS.value_unset()
+            )
         workflow.upsert_search_attributes(updates)
+
+    @property
+    def _waiting_calls(self) -> bool:
+        return self._loop.setup_flag("waiting_calls_attribute")
 
     def _flush_attributes(self) -> None:
         """Before the run ends (or continues as new): the upsert its last task still owes comes

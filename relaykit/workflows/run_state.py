@@ -54,13 +54,18 @@ PATCH_RUN_SETUP_V4 = "relaykit.run-setup.v4"
 """v3's choices and :data:`NEW_RUN_CHOICES_V4`, with the worker's search-attribute choices
 recorded by the same marker (:data:`SETUP_V4_IDS`): a new run writes one marker and one
 ``TemporalChangeVersion`` upsert where v3 wrote up to three of each."""
-SETUP_V4_IDS: dict[tuple[bool, bool], str] = {
-    (False, False): PATCH_RUN_SETUP_V4,
-    (True, False): f"{PATCH_RUN_SETUP_V4}+search-attributes",
-    (True, True): f"{PATCH_RUN_SETUP_V4}+search-attributes+cost",
+SETUP_V4_IDS: dict[tuple[bool, bool, bool], str] = {
+    (False, False, False): PATCH_RUN_SETUP_V4,
+    **{
+        (True, cost, waiting): f"{PATCH_RUN_SETUP_V4}+search-attributes"
+        + ("+cost" if cost else "")
+        + ("+waiting-calls" if waiting else "")
+        for cost in (False, True)
+        for waiting in (False, True)
+    },
 }
-"""The v4 marker's id for each (search attributes, ``RelayCostUSD``) choice (compatibility
-data: never rename)."""
+"""The v4 marker's id for each (search attributes, ``RelayCostUSD``, ``RelayWaitingCalls``)
+choice (compatibility data: never rename)."""
 PATCH_COST_ATTRIBUTE = "relaykit.run-setup.cost-attribute"
 """Whether a v3 run upserts ``RelayCostUSD`` with its other search attributes (the namespace had
 it registered when the run started)."""
@@ -208,11 +213,12 @@ class Run:
             return
         v4 = _recorded_v4(self.graph)  # a new run: one marker for all its choices
         if v4 is not None:
-            search_attributes, cost_attribute = v4
+            search_attributes, cost_attribute, waiting_calls = v4
             choices = dict.fromkeys(NEW_RUN_CHOICES_V4, True)
             self.state.setup = RunSetup(
                 search_attributes=search_attributes,
                 cost_attribute=cost_attribute,
+                waiting_calls_attribute=waiting_calls,
                 event_groups=_recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups),
                 **choices,
             )
@@ -400,8 +406,9 @@ NEW_RUN_CHOICES_V4 = (*NEW_RUN_CHOICES_V3, "batched_attributes")
 relaykit.workflows.agent_run)."""
 
 
-def _recorded_v4(graph: AgentGraph) -> tuple[bool, bool] | None:
-    """The (search attributes, ``RelayCostUSD``) choice of a run recorded with
+def _recorded_v4(graph: AgentGraph) -> tuple[bool, bool, bool] | None:
+    """The (search attributes, ``RelayCostUSD``, ``RelayWaitingCalls``) choice of a run recorded
+    with
     :data:`PATCH_RUN_SETUP_V4`, or ``None`` for a run recorded before it. Live, the worker's
     configuration decides and the one matching marker records it; a replay reads which marker
     the history has (a ``patched`` call for an id not recorded writes nothing then)."""
@@ -410,8 +417,8 @@ def _recorded_v4(graph: AgentGraph) -> tuple[bool, bool] | None:
             if workflow.patched(patch_id):
                 return choice
         return None
-    search_attributes = graph.search_attributes
-    choice = (search_attributes, search_attributes and graph.cost_attribute)
+    on = graph.search_attributes
+    choice = (on, on and graph.cost_attribute, on and graph.waiting_calls_attribute)
     workflow.patched(SETUP_V4_IDS[choice])  # live: true, and its marker records the choice
     return choice
 
