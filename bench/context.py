@@ -266,6 +266,23 @@ class Bench:
         else:
             await handle.signal("approve")
 
+    async def answer_all(
+        self, system: str, worker: Worker, handles: list[WorkflowHandle[Any, Any]]
+    ) -> None:
+        """Answer every parked run. relaykit, where it has the bulk path: ``relaykit approve
+        --all``'s (one visibility listing of the waiting runs and their waiting calls, then a
+        signal each); the floor and an older relaykit: one request per run, 100 at a time."""
+        if system == "relaykit" and supports_signalled_approvals():
+            from relaykit.bulk_approvals import ANSWERED, answer_waiting
+
+            query = f"TaskQueue = '{worker.task_queue}'"
+            answers = await answer_waiting(self.client, query, by="bench", concurrency=100)
+            answered = sum(answer.status == ANSWERED for answer in answers)
+            if answered != len(handles):
+                raise RuntimeError(f"answered {answered} of {len(handles)} parked runs")
+            return
+        await gather_limited(lambda h: self.answer_approval(system, h), handles, 100)
+
     @staticmethod
     async def result(handle: WorkflowHandle[Any, Any], timeout: float = RUN_TIMEOUT) -> Any:
         return await asyncio.wait_for(handle.result(), timeout)
