@@ -10,7 +10,10 @@ A run's first user message is its task:
   ``helper`` with the task ``turns=1``), then ``wait_subagents``, then answer;
 - ``approve``: call ``guarded`` (which needs a person's approval), then answer.
 
-The tools are ``async`` so that, like the floor's activities, they run on the worker's event loop
+``lookup`` is declared a read (it changes nothing), as the floor's tool activity is: a tool
+left at the default ``effect="write"`` also records, before it runs, that its attempt started
+(one heartbeat the server acknowledges, :mod:`relaykit.activities.attempts`), which the floor
+has no counterpart for. The tools are ``async`` so that, like the floor's activities, they run on the worker's event loop
 (a plain ``def`` tool would add a thread hop per call).
 """
 
@@ -25,7 +28,7 @@ APPROVAL_CALL_ID = "call_guarded"
 """The call id the scripted model gives every ``guarded`` call (approvals answer it by id)."""
 
 
-@tool
+@tool(effect="read")
 async def lookup(q: str) -> str:
     """Look something up.
 

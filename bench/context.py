@@ -33,6 +33,15 @@ MODEL_ACTIVITY_OF = {"relaykit": MODEL_ACTIVITY, "floor": FLOOR_MODEL}
 def supports_transport() -> bool:
     """Whether this relaykit lets a run choose how the transcript reaches the model."""
     return "transcript_transport" in RunInput.model_fields
+
+
+def supports_signalled_approvals() -> bool:
+    """Whether this relaykit answers approvals by a checked signal (``approve(wait=False)``)."""
+    import inspect
+
+    return "wait" in inspect.signature(RunHandle.approve).parameters
+
+
 RUN_TIMEOUT = 900.0
 
 
@@ -247,10 +256,32 @@ class Bench:
         )
 
     async def answer_approval(self, system: str, handle: WorkflowHandle[Any, Any]) -> None:
+        """relaykit: checked against the run's waiting calls, then signalled (``wait=False``),
+        where this relaykit has it; before, by the ``approve`` update."""
         if system == "relaykit":
-            await RunHandle(handle).approve(agents.APPROVAL_CALL_ID)
+            if supports_signalled_approvals():
+                await RunHandle(handle).approve(agents.APPROVAL_CALL_ID, wait=False, by="bench")
+            else:
+                await RunHandle(handle).approve(agents.APPROVAL_CALL_ID)
         else:
             await handle.signal("approve")
+
+    async def answer_all(
+        self, system: str, worker: Worker, handles: list[WorkflowHandle[Any, Any]]
+    ) -> None:
+        """Answer every parked run. relaykit, where it has the bulk path: ``relaykit approve
+        --all``'s (one visibility listing of the waiting runs and their waiting calls, then a
+        signal each); the floor and an older relaykit: one request per run, 100 at a time."""
+        if system == "relaykit" and supports_signalled_approvals():
+            from relaykit.bulk_approvals import ANSWERED, answer_waiting
+
+            query = f"TaskQueue = '{worker.task_queue}'"
+            answers = await answer_waiting(self.client, query, by="bench", concurrency=100)
+            answered = sum(answer.status == ANSWERED for answer in answers)
+            if answered != len(handles):
+                raise RuntimeError(f"answered {answered} of {len(handles)} parked runs")
+            return
+        await gather_limited(lambda h: self.answer_approval(system, h), handles, 100)
 
     @staticmethod
     async def result(handle: WorkflowHandle[Any, Any], timeout: float = RUN_TIMEOUT) -> Any:

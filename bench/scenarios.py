@@ -336,7 +336,7 @@ async def idle(bench: Bench) -> None:
                 rss[system].append(waiting)
                 per_run_kb[system].append((waiting - base) * 1024 / n)
                 began = time.perf_counter()
-                await gather_limited(lambda h: bench.answer_approval(system, h), handles, 100)
+                await bench.answer_all(system, worker, handles)
                 answered = time.perf_counter() - began
                 await gather_limited(bench.result, handles, 200)
                 drained = time.perf_counter() - began
@@ -370,7 +370,7 @@ async def idle(bench: Bench) -> None:
     )
     bench.results.add(
         Row(scenario, f"time to answer all, {label}", "s", *_both(answer),
-            note="relaykit: approve update; floor: signal")
+            note="relaykit: approve --all's path, a listing then signals; floor: signals")
     )
     bench.results.add(Row(scenario, f"time until all finished, {label}", "s", *_both(drain)))
 

@@ -12,7 +12,7 @@ import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 # isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.context_policy import ContextPolicy, default_context_policy
-from relaykit.errors import ConfigurationError, RelaykitError, RunFailed
+from relaykit.errors import ApprovalNotWaiting, ConfigurationError, RelaykitError, RunFailed
 from relaykit.eval_context import EvalContext
 from relaykit.handoff import (
     Handoff,
@@ -62,6 +62,7 @@ from relaykit.worker import DEFAULT_TASK_QUEUE, Worker
 from relaykit.workflows.loop import run_agent
 
 if TYPE_CHECKING:
+    from relaykit.bulk_approvals import BulkAnswer, answer_waiting
     from relaykit.client import (
         RunHandle,
         connect,
@@ -83,6 +84,8 @@ if TYPE_CHECKING:
     )
 
 _CLIENT_SIDE = {
+    "BulkAnswer": "relaykit.bulk_approvals",
+    "answer_waiting": "relaykit.bulk_approvals",
     "RunHandle": "relaykit.client",
     "connect": "relaykit.client",
     "get_run": "relaykit.client",
@@ -137,8 +140,10 @@ __all__ = [
     "AgentTool",
     "AgentToolArgs",
     "ApprovalDecision",
+    "ApprovalNotWaiting",
     "ApprovalOrder",
     "Budget",
+    "BulkAnswer",
     "CancelSubagentArgs",
     "ConfigurationError",
     "ContextPolicy",
@@ -188,6 +193,7 @@ __all__ = [
     "Usage",
     "WaitSubagentsArgs",
     "Worker",
+    "answer_waiting",
     "compose_data_converter",
     "connect",
     "count_waiting",

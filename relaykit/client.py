@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from relaykit.agent import Agent, Budget
 from relaykit.authors import author, cancel_reason
 from relaykit.codec import codec_from_env, compose_data_converter
-from relaykit.errors import RUN_CANCELLED, RelaykitError, RunFailed
+from relaykit.errors import RUN_CANCELLED, ApprovalNotWaiting, RelaykitError, RunFailed
 from relaykit.messages import Message
 from relaykit.names import slug
 from relaykit.payload_storage import with_external_storage
@@ -168,6 +168,20 @@ class RunHandle:
             poll_interval=poll_interval,
         )
 
+    async def waiting_calls(self) -> list[PendingApproval]:
+        """The calls waiting for a person, read from the server without a worker when the run
+        keeps ``RelayWaitingCalls`` (then only ``call_id`` and ``workflow_id`` are filled in),
+        else by the ``pending_approvals`` query. The attribute follows each workflow task as it
+        completes, so a call answered a moment ago may still be listed (its late answer is then
+        recorded as refused, :mod:`relaykit.bulk_approvals`)."""
+        from relaykit.search_attributes import RELAY_WAITING_CALLS
+
+        description = await self.workflow.describe()
+        listed = description.typed_search_attributes.get(RELAY_WAITING_CALLS)
+        if not listed:  # not kept by this run, or nothing waits: the run itself says
+            return await self.pending_approvals()
+        return [waiting_call(self.id, call_id) for call_id in listed]
+
     async def pending_approvals(self) -> list[PendingApproval]:
         pending: list[PendingApproval] = await self.workflow.query(
             "pending_approvals", result_type=list[PendingApproval]
@@ -180,14 +194,25 @@ class RunHandle:
         approved: bool = True,
         reason: str | None = None,
         *,
+        wait: bool = True,
         by: str | None = None,
     ) -> PendingApproval:
-        """Answer an approval; raises if the call id is unknown or already answered. ``by``
-        (default: this machine's user) is recorded with the answer, in the run's history and
-        its ``approval_answered`` event."""
+        """Answer an approval; raises if the call id is unknown or already answered.
+
+        ``wait=True`` (the default) answers by the ``approve`` update: it returns once the run
+        has taken the answer (a workflow task on its worker). ``wait=False`` checks the call
+        against the run's ``pending_approvals`` query (no workflow task) and then signals the
+        answer, at signal speed, for answering many at once (see :mod:`relaykit.bulk_approvals`:
+        a call that stops waiting in between keeps its first answer, and the run records this
+        one as an ``approval_refused`` event). Both raise :class:`~relaykit.errors.
+        ApprovalNotWaiting` for a call that is not waiting (the update:
+        ``WorkflowUpdateFailedError``). ``by`` (default: this machine's user) is recorded with
+        the answer, in the run's history and its ``approval_answered`` event."""
         decision = ApprovalDecision(
             call_id=call_id, approved=approved, reason=reason, by=author(by)
         )
+        if not wait:
+            return await signal_answer(self, await self.waiting_calls(), decision)
         answered: PendingApproval = await self.workflow.execute_update(
             "approve", decision, result_type=PendingApproval
         )
@@ -243,6 +268,28 @@ class RunHandle:
         in the history's ``WorkflowExecutionCancelRequested`` event and in the run's
         ``cancelled`` event (see :mod:`relaykit.authors`)."""
         await self.workflow.cancel(reason=cancel_reason(author(by)))
+
+
+def waiting_call(run_id: str, call_id: str) -> PendingApproval:
+    """A waiting call known by its id only (from ``RelayWaitingCalls``)."""
+    return PendingApproval(call_id=call_id, tool="", arguments="", agent="", workflow_id=run_id)
+
+
+async def signal_answer(
+    run: RunHandle, pending: list[PendingApproval], decision: ApprovalDecision
+) -> PendingApproval:
+    """Signal ``decision`` to ``run`` when ``pending`` (its waiting calls, as its query just
+    listed them) has the call; else raise :class:`~relaykit.errors.ApprovalNotWaiting`."""
+    waiting = {item.call_id: item for item in pending}
+    item = waiting.get(decision.call_id)
+    if item is None:
+        raise ApprovalNotWaiting(
+            f"no pending approval with call id {decision.call_id!r} in run {run.id!r} "
+            f"(waiting: {', '.join(waiting) or 'none'})",
+            hint=f"`relaykit pending {run.id}` lists what it waits for",
+        )
+    await run.workflow.signal("approve_signal", decision)
+    return item
 
 
 def new_run_id(agent_name: str) -> str:

@@ -31,6 +31,11 @@ class RunFailed(RelaykitError):
         super().__init__(message, hint=hint)
 
 
+class ApprovalNotWaiting(RelaykitError, ValueError):
+    """An answer to a call that is not waiting for approval in that run (an unknown call id, or
+    one answered already): nothing was sent."""
+
+
 # Error type names used in ApplicationError.type (stable: clients match on them).
 MAX_TURNS_EXCEEDED = "MaxTurnsExceeded"
 BUDGET_EXCEEDED = "BudgetExceeded"

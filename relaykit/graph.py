@@ -58,6 +58,9 @@ class AgentGraph:
     list_attributes: bool = False
     """Whether runs with search attributes also upsert ``RelayWaitingFor`` and
     ``RelayLastActivity`` (set by the worker when the namespace has both; recorded per run)."""
+    waiting_calls_attribute: bool = False
+    """Whether runs with search attributes also upsert ``RelayWaitingCalls`` (set by the worker
+    when the namespace has it; recorded by each run with its other setup choices)."""
     upgrade_on_continue_as_new: bool = False
     """A versioned worker's choice: a run that continues as new starts its next execution on the
     deployment's current build instead of staying pinned (set by the worker). It only shapes

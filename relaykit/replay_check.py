@@ -28,7 +28,11 @@ from relaykit.graph import AgentGraph
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec
 from relaykit.runs import RunInput
-from relaykit.search_attributes import cost_registered, list_attributes_registered
+from relaykit.search_attributes import (
+    cost_registered,
+    list_attributes_registered,
+    waiting_calls_registered,
+)
 from relaykit.search_attributes import registered as search_attributes_registered
 from relaykit.stuck import first_line
 from relaykit.worker import default_model_from_env, sandbox_runner
@@ -124,6 +128,9 @@ async def replay_check(
     graph.search_attributes = await search_attributes_registered(client)
     graph.cost_attribute = graph.search_attributes and await cost_registered(client)
     graph.list_attributes = graph.search_attributes and await list_attributes_registered(client)
+    graph.waiting_calls_attribute = graph.search_attributes and await waiting_calls_registered(
+        client
+    )
     # A Replayer runs workflows on the task queue "replay-<build id>", whatever the history
     # says; workflow code finds its agents by task queue, so the graph is registered there.
     replayer = Replayer(

@@ -42,6 +42,7 @@ EventKind = Literal[
     "handoff",
     "approval_requested",
     "approval_answered",
+    "approval_refused",
     "message_injected",
     "steered",
     "paused",
@@ -254,8 +255,17 @@ class RunSetup(BaseModel):
     """Whether the run upserts ``RelayCostUSD`` with the other search attributes."""
     list_attributes: bool = False
     """Whether the run also upserts ``RelayWaitingFor`` and ``RelayLastActivity`` (the namespace
-    had them when the run started; recorded by the marker ``relaykit.run-setup.list-attributes``).
-    ``False`` for runs started before."""
+    had them when the run started; recorded in the id of the ``relaykit.run-setup.v4`` marker,
+    in v3 runs by the marker ``relaykit.run-setup.list-attributes``). ``False`` for runs started
+    before."""
+    # Since ``relaykit.run-setup.v4`` (which implies v3's choices).
+    batched_attributes: bool = False
+    """The run's search attributes are upserted at most once per workflow task, after its other
+    commands, with the values it ends the task with (``relaykit.workflows.agent_run``);
+    ``False`` for runs started before, which upsert at each change of agent or status."""
+    waiting_calls_attribute: bool = False
+    """Whether the run upserts ``RelayWaitingCalls`` (the call ids waiting for a person) with its
+    other search attributes."""
 
 
 class BudgetAsk(BaseModel):

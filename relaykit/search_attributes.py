@@ -17,7 +17,8 @@ enabled runs:
           --name RelayTokens --type Int --name RelayParentRun --type Keyword \\
           --name RelayForkOf --type Keyword --name RelayTenant --type Keyword \\
           --name RelayCostUSD --type Double --name RelayEvalOf --type Keyword \\
-          --name RelayWaitingFor --type Keyword --name RelayLastActivity --type Datetime
+          --name RelayWaitingFor --type Keyword --name RelayLastActivity --type Datetime \\
+          --name RelayWaitingCalls --type KeywordList
 
   (:func:`operator_create_args` builds that command; :func:`ensure_registered` does the same
   from a client that is allowed to call the operator service; the repository's
@@ -87,6 +88,12 @@ history event."""
 WAITING_REASONS: Final = ("approval", "unknown_outcome", "budget", "paused")
 """The values of :data:`RELAY_WAITING_FOR` (compatibility data: queries name them)."""
 
+RELAY_WAITING_CALLS: Final = SearchAttributeKey.for_keyword_list("RelayWaitingCalls")
+"""The call ids waiting for a person in the run (its own and its agent-tool children's), e.g.
+``RelayWaitingCalls = 'call_7'``: answering many approvals checks them here, from the server,
+without a query to a busy worker (:mod:`relaykit.bulk_approvals`). Written with the others, only
+when the namespace has it."""
+
 UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
     RELAY_STATUS,
@@ -105,6 +112,7 @@ ALL: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_COST_USD,
     RELAY_EVAL_OF,
     *LIST_ATTRIBUTES,
+    RELAY_WAITING_CALLS,
 ]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
@@ -224,6 +232,11 @@ async def list_attributes_registered(client: Any) -> bool:
     namespace registered before lacks them, and its runs then upsert the others only)."""
     known = await _custom_attributes(client)
     return all(key.name in known for key in LIST_ATTRIBUTES)
+
+
+async def waiting_calls_registered(client: Any) -> bool:
+    """Whether the client's namespace has ``RelayWaitingCalls`` (added after the others)."""
+    return RELAY_WAITING_CALLS.name in await _custom_attributes(client)
 
 
 async def eval_registered(client: Any) -> bool:

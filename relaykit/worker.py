@@ -32,7 +32,11 @@ from relaykit.graph import AgentGraph
 from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model_queue, parse_limits
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.payload_storage import with_external_storage
-from relaykit.search_attributes import cost_registered, list_attributes_registered
+from relaykit.search_attributes import (
+    cost_registered,
+    list_attributes_registered,
+    waiting_calls_registered,
+)
 from relaykit.search_attributes import registered as search_attributes_registered
 from relaykit.storage import Store
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
@@ -240,6 +244,9 @@ class Worker:
         )
         self.graph.list_attributes = (
             self.graph.search_attributes and await list_attributes_registered(self.client)
+        )
+        self.graph.waiting_calls_attribute = (
+            self.graph.search_attributes and await waiting_calls_registered(self.client)
         )
         if any(
             self.graph.model_for(agent).provider == "local" for agent in self.graph.agents.values()

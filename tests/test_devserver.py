@@ -125,6 +125,7 @@ def test_search_attribute_commands() -> None:
         "RelayEvalOf=Keyword",
         "RelayWaitingFor=Keyword",
         "RelayLastActivity=Datetime",
+        "RelayWaitingCalls=KeywordList",
     ]
     args = search_attributes.operator_create_args("prod", address="temporal:7233")
     assert args[:5] == ["operator", "search-attribute", "create", "--namespace", "prod"]

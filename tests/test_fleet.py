@@ -294,7 +294,7 @@ async def test_a_run_recorded_before_provider_queues_keeps_its_queue_across_cont
     # The state a continue-as-new carries from a run recorded before provider queues: its
     # choices say no, so its next workflow run sends model calls to the run's queue as before.
     from relaykit.runs import AGENT_RUN_WORKFLOW, RunInput, RunResult, RunSetup, RunState
-    from relaykit.workflows.run_state import NEW_RUN_CHOICES
+    from relaykit.workflows.run_setup import NEW_RUN_CHOICES
 
     model = scripted_model(model_server)
     model_server.script(model.name, [text("as before")])

@@ -6,8 +6,8 @@ Every command talks to Temporal through Temporal's own environment configuration
 non-zero exit status, never a traceback.
 
 The commands live in one module per group (:mod:`~relaykit.cli.runs`, :mod:`~relaykit.cli.serve`,
-:mod:`~relaykit.cli.deploy`, :mod:`~relaykit.cli.operate`,
-:mod:`~relaykit.cli.listing`), on what :mod:`~relaykit.cli.common`
+:mod:`~relaykit.cli.deploy`, :mod:`~relaykit.cli.operate`, :mod:`~relaykit.cli.evals`,
+:mod:`~relaykit.cli.listing`, :mod:`~relaykit.cli.approvals`), on what :mod:`~relaykit.cli.common`
 shares; this module builds the app from them, in the order ``--help`` lists them.
 """
 
@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from relaykit.cli import deploy, evals, listing, operate, runs, serve
+from relaykit.cli import approvals, deploy, evals, listing, operate, runs, serve
 from relaykit.cli.common import ui_url
 
 __all__ = ["app", "main", "ui_url"]
@@ -59,8 +59,8 @@ app.command()(serve.worker)
 app.command()(runs.run)
 app.command()(runs.result)
 app.command("ui-url")(runs.ui_url_command)
-app.command()(runs.pending)
-app.command()(runs.approve)
+app.command()(approvals.pending)
+app.command()(approvals.approve)
 app.command()(runs.send)
 app.command()(runs.pause)
 app.command()(runs.resume)

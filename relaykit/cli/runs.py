@@ -52,7 +52,6 @@ from relaykit.client import (
     start_run,
 )
 from relaykit.errors import RelaykitError
-from relaykit.pricing import format_usd
 from relaykit.runs import Budget
 
 
@@ -269,71 +268,6 @@ def ui_url_command(
 ) -> None:
     """Print the Temporal UI link of a run (base: RELAYKIT_UI_URL, default 127.0.0.1:8233)."""
     print(ui_url(run_id, os.environ.get("TEMPORAL_NAMESPACE", namespace)))
-
-
-@command
-async def pending(
-    run_id: RunIdArg,
-    as_json: JsonOpt = False,
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-) -> None:
-    """List the tool calls of a run waiting for approval."""
-    handle, description = await _described(run_id, address, namespace)
-    if not _is_open(description):  # a closed run's state still lists what it waited for
-        if as_json:
-            print("[]")
-        err_console.print(
-            f"run {run_id} is closed ({_status_word(description)}): nothing waits for approval",
-            highlight=False,
-        )
-        return
-    await refuse_if_stuck(handle, description)
-    queue = description.task_queue or DEFAULT_TASK_QUEUE
-    approvals = await unless_stuck(handle, queue, handle.pending_approvals())
-    if as_json:
-        print(json.dumps([a.model_dump(mode="json") for a in approvals], indent=2))
-        return
-    budget = (await handle.state()).budget
-    if budget is not None and budget.phase == "reached":  # waits for a person too
-        print(
-            f"budget reached: spent {format_usd(budget.spent)} of {format_usd(budget.limit)}"
-            + (f" ({format_usd(budget.reserved)} held by child runs)" if budget.reserved else "")
-            + f"; `relaykit budget {run_id} --raise AMOUNT`, `--finish` or `--cancel`"
-        )
-    elif budget is not None and budget.phase == "waiting_for_parent":
-        print(
-            f"waiting for its parent's budget: spent {format_usd(budget.spent)} of "
-            f"{format_usd(budget.limit)}, asked {budget.parent} for more; a raise of the root "
-            "run's limit (`relaykit budget ROOT --raise AMOUNT`) lets it go on"
-        )
-    elif not approvals:
-        err_console.print("no pending approvals")
-    for item in approvals:
-        why = f"\t{item.reason}" if item.reason else ""  # e.g. an unknown outcome to decide on
-        print(f"{item.call_id}\t{item.agent}\t{item.tool}({item.arguments}){why}")
-
-
-@command
-async def approve(
-    run_id: RunIdArg,
-    call_id: Annotated[str, typer.Argument(help="Tool call id (see `relaykit pending`)")],
-    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve")] = False,
-    reason: Annotated[str | None, typer.Option(help="Reason the model will read")] = None,
-    by: AsOpt = None,
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-) -> None:
-    """Approve (or --reject) a tool call waiting for a person."""
-    _text_arg(reason, "reason")
-    by = _text_arg(author(by), "name")
-    handle, description = await _served_handle(run_id, address, namespace, "answer approvals")
-    await refuse_if_stuck(handle, description)
-    queue = description.task_queue or DEFAULT_TASK_QUEUE
-    item = await unless_stuck(
-        handle, queue, handle.approve(call_id, approved=not reject, reason=reason, by=by)
-    )
-    print(f"{'rejected' if reject else 'approved'} {item.tool} ({item.call_id})")
 
 
 @command

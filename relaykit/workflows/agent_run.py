@@ -9,6 +9,7 @@ compatibility data for runs in flight.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -43,6 +44,7 @@ from relaykit.search_attributes import (
     RELAY_LAST_ACTIVITY,
     RELAY_STATUS,
     RELAY_TOKENS,
+    RELAY_WAITING_CALLS,
     RELAY_WAITING_FOR,
 )
 from relaykit.workflows.agent_tools import cancel_parent
@@ -67,7 +69,9 @@ class AgentRun:
         self._input, self._input_error = _parse_input(input)
         self._loop = TurnLoop(graph, self._input)
         self._loop.on_change = self._publish
-        self._published: tuple[str, str, int, str] | None = None
+        self._published: tuple[str, str, tuple[str, ...], int, str] | None = None
+        self._upsert_due = False
+        """An upsert is scheduled for the end of this workflow task (``batched_attributes``)."""
 
     @workflow.run
     async def run(self, input: RawValue = NO_INPUT) -> RunResult:
@@ -78,6 +82,12 @@ class AgentRun:
             raise ApplicationError(
                 self._input_error, type=errors.INVALID_RUN_INPUT, non_retryable=True
             )
+        try:
+            return await self._run()
+        finally:
+            self._flush_attributes()
+
+    async def _run(self) -> RunResult:
         report_to = self._input.report_to
         if report_to is None:
             try:
@@ -117,7 +127,8 @@ class AgentRun:
     def _publish(self) -> None:
         """Keep the Temporal UI's current details and search attributes in step with the run."""
         state = self._loop.state
-        key = (state.agent, state.status, state.usage.total_tokens, waiting_for(state))
+        waiting = tuple(state.pending_approvals) if self._waiting_calls else ()
+        key = (state.agent, state.status, waiting, state.usage.total_tokens, waiting_for(state))
         if key == self._published:
             return
         details = [
@@ -134,25 +145,51 @@ class AgentRun:
         listed = self._loop.setup_flag("list_attributes")
         if self._loop.setup_flag("search_attributes") and (
             self._published is None
-            or key[:2] != self._published[:2]
-            or (listed and key[3] != self._published[3])
+            or key[:3] != self._published[:3]
+            or (listed and key[4] != self._published[4])
         ):
-            updates: list[SearchAttributeUpdate[Any]] = [
-                RELAY_AGENT.value_set(state.agent),
-                RELAY_STATUS.value_set(state.status),
-                RELAY_TOKENS.value_set(state.usage.total_tokens),
-            ]
-            if self._loop.setup_flag("cost_attribute"):
-                updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
-            if listed:
-                updates.append(
-                    RELAY_WAITING_FOR.value_set(key[3])
-                    if key[3]
-                    else RELAY_WAITING_FOR.value_unset()
-                )
-                updates.append(RELAY_LAST_ACTIVITY.value_set(workflow.now()))
-            workflow.upsert_search_attributes(updates)
+            if not self._loop.setup_flag("batched_attributes"):
+                self._upsert_attributes()
+            elif not self._upsert_due:  # once per workflow task, after its other commands
+                self._upsert_due = True
+                asyncio.get_running_loop().call_soon(self._flush_attributes)
         self._published = key
+
+    def _upsert_attributes(self) -> None:
+        """Upsert the run's search attributes as they stand now (the last values of the task)."""
+        self._upsert_due = False
+        state = self._loop.state
+        updates: list[SearchAttributeUpdate[Any]] = [
+            RELAY_AGENT.value_set(state.agent),
+            RELAY_STATUS.value_set(state.status),
+            RELAY_TOKENS.value_set(state.usage.total_tokens),
+        ]
+        if self._loop.setup_flag("cost_attribute"):
+            updates.append(RELAY_COST_USD.value_set(state.usage.cost_usd))
+        if self._loop.setup_flag("list_attributes"):
+            reason = waiting_for(state)
+            updates.append(
+                RELAY_WAITING_FOR.value_set(reason) if reason else RELAY_WAITING_FOR.value_unset()
+            )
+            updates.append(RELAY_LAST_ACTIVITY.value_set(workflow.now()))
+        if self._waiting_calls:
+            waiting = list(state.pending_approvals)
+            updates.append(
+                RELAY_WAITING_CALLS.value_set(waiting)
+                if waiting
+                else RELAY_WAITING_CALLS.value_unset()
+            )
+        workflow.upsert_search_attributes(updates)
+
+    @property
+    def _waiting_calls(self) -> bool:
+        return self._loop.setup_flag("waiting_calls_attribute")
+
+    def _flush_attributes(self) -> None:
+        """Before the run ends (or continues as new): the upsert its last task still owes comes
+        before the command that ends it."""
+        if self._upsert_due:
+            self._upsert_attributes()
 
     @workflow.query
     def state(self) -> RunSnapshot:
@@ -207,11 +244,15 @@ class AgentRun:
 
     @workflow.signal(name="approve_signal")
     def approve_signal(self, decision: ApprovalDecision) -> None:
-        """Fire-and-forget variant of :meth:`approve`; unknown or repeated answers are ignored."""
+        """The signal variant of :meth:`approve` (bulk answers: the sender checked the call was
+        waiting, :mod:`relaykit.approvals`). An answer to a call that no longer waits (answered
+        a moment before by someone else, timed out) changes nothing and is recorded as an
+        ``approval_refused`` event with why: never dropped unseen."""
         try:
             self._loop.approvals.validate(decision)
         except ValueError as exc:
-            workflow.logger.warning("ignored approval: %s", exc)
+            workflow.logger.warning("refused approval: %s", exc)
+            self._loop.approvals.refused(decision, str(exc))
             return
         self._loop.approvals.answer(decision)
 

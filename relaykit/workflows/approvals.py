@@ -165,6 +165,12 @@ class Approvals:
             return
         run.state.decisions[decision.call_id] = decision
 
+    def refused(self, decision: ApprovalDecision, why: str) -> None:
+        """A signalled answer that could not apply: recorded as an event (it changes no state a
+        replay depends on, so runs recorded before replay as they did)."""
+        data = decision.model_dump(mode="json", exclude_defaults=True)
+        self.run.emit("approval_refused", {**data, "why": why})
+
     def validate(self, decision: ApprovalDecision) -> None:
         state = self.run.state
         if decision.call_id in state.decisions:

@@ -100,7 +100,7 @@ error text is in the transcript the model saw, not in history)."""
 def recorded_calls() -> dict[str, bool]:
     """The ``RunSetup`` field, for the first workflow task of a run recorded before
     ``relaykit.run-setup.v2`` (new runs have it on, and ``recorded_decisions`` too:
-    :data:`relaykit.workflows.run_state.NEW_RUN_CHOICES`): ``True`` when it holds the marker."""
+    :data:`relaykit.workflows.run_setup.NEW_RUN_CHOICES`): ``True`` when it holds the marker."""
     return {"recorded_calls": workflow.patched(PATCH_RECORDED_CALLS)}
 
 

@@ -29,35 +29,11 @@ from relaykit import errors
 from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ModelResponse, ToolCall, Usage
-from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunSetup, RunState
-from relaykit.workflows.call_record import CallRecord, recorded_calls, stand_in_agent
+from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunState
+from relaykit.workflows.call_record import CallRecord, stand_in_agent
 from relaykit.workflows.context import ContextTransport
-from relaykit.workflows.semantics import (
-    PATCHES,
-    recorded_attribute_choices,
-    recorded_choice,
-    recorded_path_checks,
-    recorded_semantics,
-    recorded_tool_effects,
-)
+from relaykit.workflows.run_setup import recorded_setup
 
-# Patch ids (docs/replay.md): each guards a change in the commands a run issues, and is only
-# consulted when the change applies (a marker lands in history only then).
-PATCH_RUN_SETUP = "relaykit.run-setup"
-PATCH_RUN_SETUP_V2 = "relaykit.run-setup.v2"
-"""A run that makes every choice of :data:`NEW_RUN_CHOICES` as new runs do, recorded by this
-one marker instead of a marker each (each also upserts ``TemporalChangeVersion``, and a dozen
-filled the first screen of the Temporal UI's compact view). A later change of what new runs
-do gets a patch of its own, asked for after this one (or a ``v3`` that implies it)."""
-PATCH_RUN_SETUP_V3 = "relaykit.run-setup.v3"
-"""v2's choices and those of :data:`NEW_RUN_CHOICES_V3` (dollar budgets, provider queues), by
-one marker."""
-PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
-"""Model calls on provider queues, in runs recorded with :data:`PATCH_RUN_SETUP_V2` (asked right
-after it: runs recorded with v2 before it have no such marker and keep their queue); runs with
-:data:`PATCH_RUN_SETUP_V3` have them by that marker alone."""
-PATCH_SEARCH_ATTRIBUTES = "relaykit.run-setup.search-attributes"
-PATCH_EVENT_GROUPS = "relaykit.run-setup.event-groups"
 STATE_WRITERS: dict[str, str] = {
     # the turn: what the run is doing now
     "agent": "loop",
@@ -189,39 +165,10 @@ class Run:
 
     def record_setup(self) -> None:
         """Decide, once per run, what depends on the worker's configuration and changes the
-        commands a run issues (search attribute upserts, event groups, and the behaviours new
-        runs have: :data:`NEW_RUN_CHOICES`), and record it: as patch markers in the first
-        workflow task (since v2 one for the behaviours, before one each), then in the state a
-        continue-as-new carries. Any worker replays the run the way it was recorded, whatever
-        its own configuration."""
-        if self.state.setup is not None:
-            return
-        v3 = workflow.patched(PATCH_RUN_SETUP_V3)  # a new run: one marker for its choices
-        current = v3 or workflow.patched(PATCH_RUN_SETUP_V2)
-        if not current and not workflow.patched(PATCH_RUN_SETUP):  # before they were recorded
-            self.state.setup = RunSetup(
-                search_attributes=self.graph.search_attributes,
-                event_groups=self.graph.event_groups,
-            )
-            return
-        search_attributes = recorded_choice(PATCH_SEARCH_ATTRIBUTES, self.graph.search_attributes)
-        event_groups = recorded_choice(PATCH_EVENT_GROUPS, self.graph.event_groups)
-        if current:
-            choices = dict.fromkeys(NEW_RUN_CHOICES_V3 if v3 else NEW_RUN_CHOICES, True)
-            if v3 and search_attributes:
-                choices.update(recorded_attribute_choices(self.graph))
-            if not v3:  # provider queues came after v2, with a marker of their own
-                choices["provider_queues"] = workflow.patched(PATCH_PROVIDER_QUEUES)
-        else:  # recorded before v2: a marker each, in this order
-            choices = {
-                **recorded_semantics(),  # [lovia semantics, issue 25] relaykit.workflows.semantics
-                **recorded_tool_effects(),  # [tool effects] relaykit.workflows.tool_outcome
-                **recorded_calls(),  # [deploys] relaykit.workflows.call_record
-                **recorded_path_checks(),  # [one tool path] output caps, handoff callback effects
-            }
-        self.state.setup = RunSetup(
-            search_attributes=search_attributes, event_groups=event_groups, **choices
-        )
+        commands a run issues (:func:`relaykit.workflows.run_setup.recorded_setup`), and keep it
+        in the state a continue-as-new carries."""
+        if self.state.setup is None:
+            self.state.setup = recorded_setup(self.graph)
 
     # --- events and status ----------------------------------------------------------------------
 
@@ -364,20 +311,6 @@ class Run:
             await asyncio.gather(*self._background)
             if clear:
                 self._background.clear()
-
-
-NEW_RUN_CHOICES = (
-    *PATCHES,  # [lovia semantics, issue 25] relaykit.workflows.semantics
-    "tool_effects",  # relaykit.workflows.tool_outcome
-    "recorded_calls",  # [deploys] relaykit.workflows.call_record
-    "recorded_decisions",  # by the local activity (relaykit.workflows.call_record)
-    "capped_outputs",  # [one tool path] every kind's result capped (relaykit.workflows.tool_path)
-    "handoff_effects",  # [one tool path] on_handoff guarded as an effect
-)
-"""The ``RunSetup`` fields a run with :data:`PATCH_RUN_SETUP_V2` has on."""
-NEW_RUN_CHOICES_V3 = (*NEW_RUN_CHOICES, "dollar_budgets", "provider_queues")
-"""Those a run with :data:`PATCH_RUN_SETUP_V3` has on (``dollar_budgets``:
-relaykit.workflows.spend; ``provider_queues``: relaykit.models.queues)."""
 
 
 def head(text: str, limit: int = 500) -> str:

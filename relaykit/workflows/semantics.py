@@ -10,7 +10,7 @@ around its handoff (:meth:`relaykit.workflows.tool_path.ToolPath.run_calls`).
 Each changes what a run sends or the commands it issues, so each is decided once, at the run's
 first workflow task, and recorded in :class:`relaykit.runs.RunSetup`, which a continue-as-new
 carries: in runs started since ``relaykit.run-setup.v2`` by that one marker
-(:data:`relaykit.workflows.run_state.NEW_RUN_CHOICES`), before by a patch marker each
+(:data:`relaykit.workflows.run_setup.NEW_RUN_CHOICES`), before by a patch marker each
 (``workflow.patched``, below). A run started before the change replays without the markers and
 keeps its old behaviour to its end, on any worker; a run continued from one keeps it too (the
 fields default to ``False``).
@@ -76,7 +76,8 @@ it registered when the run started)."""
 PATCH_LIST_ATTRIBUTES = "relaykit.run-setup.list-attributes"
 """``RunSetup.list_attributes`` and ``cost_attribute`` by one marker: a v3 run with search
 attributes also upserts ``RelayCostUSD``, ``RelayWaitingFor`` and ``RelayLastActivity`` (the
-namespace had them all when it started)."""
+namespace had them all when it started). Runs since ``relaykit.run-setup.v4`` record it in
+that marker's id instead (relaykit.workflows.run_setup)."""
 
 
 def recorded_attribute_choices(graph: AgentGraph) -> dict[str, bool]:

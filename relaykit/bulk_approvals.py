@@ -1,0 +1,144 @@
+"""Answering many approvals at signal speed, each still checked and recorded.
+
+An answer by the ``approve`` update waits for a worker to run its validator and handler: the
+caller learns at once whether the call was waiting, but a thousand answers cost a thousand
+workflow tasks in turn (tens of seconds on a loaded worker). A signal costs the server one
+write, like bare Temporal's, and no worker time until the run's next task. This module keeps
+what the update gives on top of the signal:
+
+1. **checked first**: each answer is checked against the calls the run lists as waiting, from
+   the server: the ``RelayWaitingCalls`` search attribute (in the visibility listing for a bulk
+   answer, in ``describe`` for one run), or the run's ``pending_approvals`` query where the run
+   does not keep it. A query needs the run's worker, which is busy when many runs go on at
+   once; the attribute needs none. So the caller learns at once whether the call was waiting,
+   and an answer to a call that is not is reported as such (:data:`NOT_WAITING`), never sent;
+2. **signalled**: ``approve_signal`` carries the same :class:`~relaykit.runs.ApprovalDecision`
+   (with ``by``, the author), and the run records it in its ``approval_answered`` event;
+3. **the race, defined**: a call can stop waiting between the check and the signal (a person
+   answered it by the update a moment before, or its ``approval_timeout`` ran out). Then the
+   first answer stands, and the run records the late one as an ``approval_refused`` event
+   saying why: it is in the run's events (``relaykit events``), not silently dropped.
+
+Which runs: one visibility list (``RelayStatus = 'waiting_approval'``, root runs, and the
+caller's own filter) names the runs and their waiting calls, page by page, so the cost is one
+list request per page and one signal per waiting call, whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from relaykit.authors import author
+from relaykit.client import get_run, signal_answer, waiting_call
+from relaykit.runs import AGENT_RUN_WORKFLOW, ApprovalDecision
+from relaykit.search_attributes import RELAY_WAITING_CALLS
+
+ANSWERED = "answered"
+NOT_WAITING = "not_waiting"
+UNREADABLE = "unreadable"
+BulkStatus = Literal["answered", "not_waiting", "unreadable"]
+
+DEFAULT_CONCURRENCY = 100
+"""Runs checked and signalled at once."""
+
+
+class BulkAnswer(BaseModel):
+    """What happened to one answer of a bulk approval."""
+
+    run_id: str
+    call_id: str
+    status: BulkStatus
+    """``answered``: signalled to a call that was waiting; ``not_waiting``: not sent (the run
+    listed no such call); ``unreadable``: the run did not answer its query (no worker, or a
+    worker that could not read it): nothing was sent."""
+    tool: str = ""
+    detail: str = ""
+
+
+def waiting_runs_query(extra: str | None = None) -> str:
+    """The visibility query naming root runs that wait for a person, narrowed by ``extra``
+    (any Temporal visibility filter, e.g. ``RelayAgent = 'triage'``)."""
+    query = (
+        f"WorkflowType = '{AGENT_RUN_WORKFLOW}' AND RelayStatus = 'waiting_approval' "
+        "AND ExecutionStatus = 'Running' AND RelayParentRun IS NULL"
+    )
+    return f"{query} AND ({extra})" if extra and extra.strip() else query
+
+
+async def answer_waiting(
+    client: Client,
+    query: str | None = None,
+    *,
+    approved: bool = True,
+    reason: str | None = None,
+    by: str | None = None,
+    run_ids: list[str] | None = None,
+    call_ids: set[str] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> list[BulkAnswer]:
+    """Answer every call waiting in the runs ``query`` finds (or in ``run_ids``), or only the
+    calls ``call_ids`` names, each checked and then signalled (see the module docstring).
+
+    ``by`` (default: this machine's user) is recorded with each answer, as
+    :meth:`~relaykit.client.RunHandle.approve` records it. Returns one :class:`BulkAnswer` per
+    answer, in no particular order; a call named in ``call_ids`` that no run listed is reported
+    as ``not_waiting``."""
+    name = author(by)  # the author, the same for every answer (relaykit.authors)
+    listed: dict[str, list[str] | None] = {}
+    if run_ids is None:
+        async for execution in client.list_workflows(waiting_runs_query(query)):
+            calls = execution.typed_search_attributes.get(RELAY_WAITING_CALLS)
+            listed[execution.id] = list(calls) if calls else None
+    else:
+        listed = dict.fromkeys(run_ids)
+    limit = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(run_id: str, calls: list[str] | None) -> list[BulkAnswer]:
+        async with limit:
+            run = get_run(client, run_id)
+            try:
+                if calls is not None:  # listed by visibility: no worker asked
+                    pending = [waiting_call(run_id, call_id) for call_id in calls]
+                else:
+                    pending = await run.waiting_calls()
+            except (RPCError, WorkflowQueryFailedError) as exc:
+                return [BulkAnswer(run_id=run_id, call_id="", status=UNREADABLE, detail=str(exc))]
+            answers: list[BulkAnswer] = []
+            for item in pending:
+                if call_ids is not None and item.call_id not in call_ids:
+                    continue
+                decision = ApprovalDecision(
+                    call_id=item.call_id, approved=approved, reason=reason, by=name
+                )
+                await signal_answer(run, [item], decision)
+                answers.append(
+                    BulkAnswer(run_id=run_id, call_id=item.call_id, status=ANSWERED, tool=item.tool)
+                )
+            return answers
+
+    runs = await asyncio.gather(*(one(run_id, calls) for run_id, calls in listed.items()))
+    results = [answer for run in runs for answer in run]
+    if call_ids is not None:
+        seen = {answer.call_id for answer in results}
+        results.extend(
+            BulkAnswer(
+                run_id="", call_id=call_id, status=NOT_WAITING, detail="no listed run waits for it"
+            )
+            for call_id in sorted(call_ids - seen)
+        )
+    return results
+
+
+__all__ = [
+    "ANSWERED",
+    "NOT_WAITING",
+    "UNREADABLE",
+    "BulkAnswer",
+    "answer_waiting",
+    "waiting_runs_query",
+]
