@@ -39,9 +39,10 @@ class RecordedCall(BaseModel):
     """The result the model read."""
     is_error: bool = False
     child: EvalContext | None = None
-    """For an agent-tool call: the recorded child run's own calls. A matched call then runs the
+    """For an agent-tool or ``spawn_subagent`` call: the recorded child run's own calls (the
+    agent-tool child, or the subagent the recorded task started). A matched call then runs the
     candidate's child agent as a candidate too, against them (recursively), instead of
-    answering with the recorded child's answer."""
+    answering with the recorded result."""
 
 
 class EvalContext(BaseModel):

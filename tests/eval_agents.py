@@ -86,11 +86,11 @@ def candidate_model(
 
 def desk_agents(desk_model: ModelSpec, child_model: ModelSpec) -> Agent:
     """``desk`` asks ``researcher`` (an agent tool, which looks ticket 7 up), spawns ``clerk``
-    (a subagent), waits for it and answers with what both said."""
+    (a subagent, which looks ticket 8 up), waits for it and answers with what both said."""
     researcher = Agent(
         name="researcher", instructions="Research.", model=child_model, tools=[lookup, refund]
     )
-    clerk = Agent(name="clerk", instructions="Check.", model=child_model)
+    clerk = Agent(name="clerk", instructions="Check.", model=child_model, tools=[lookup, refund])
     return Agent(
         name="desk",
         instructions="Delegate.",
@@ -112,18 +112,29 @@ def desk_model(req: ScriptedRequest) -> Step:
     return text("desk: " + " | ".join(results[0:1] + results[2:3]))
 
 
+def _is_clerk(req: ScriptedRequest) -> bool:
+    return "ledger" in req.last_user_text
+
+
 def child_model(req: ScriptedRequest) -> Step:
-    """The researcher looks ticket 7 up, then answers; the clerk answers at once."""
+    """The researcher looks ticket 7 up, the clerk ticket 8; then each answers."""
     results = req.tool_results
     if "lookup" in req.tool_names and not results:
-        return call("lookup", ticket=7)
+        return call("lookup", ticket=8 if _is_clerk(req) else 7)
     return text(f"child says: {req.last_user_text} {' '.join(results)}".strip())
 
 
 def child_model_refunding(req: ScriptedRequest) -> Step:
     """As :func:`child_model`, but the researcher also refunds ticket 7."""
-    if "refund" in req.tool_names and len(req.tool_results) == 1:
+    if not _is_clerk(req) and len(req.tool_results) == 1:
         return call("refund", ticket=7, amount=5)
+    return child_model(req)
+
+
+def clerk_refunding(req: ScriptedRequest) -> Step:
+    """As :func:`child_model`, but the clerk (the subagent) also refunds ticket 8."""
+    if _is_clerk(req) and len(req.tool_results) == 1:
+        return call("refund", ticket=8, amount=5)
     return child_model(req)
 
 

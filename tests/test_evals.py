@@ -32,6 +32,7 @@ from tests.eval_agents import (
     candidate_model,
     child_model,
     child_model_refunding,
+    clerk_refunding,
     desk_agents,
     desk_model,
     recorded_model,
@@ -160,33 +161,62 @@ async def test_unmatched_read_runs_live_only_with_live_reads(
     assert "charged twice" in first.candidate_output
 
 
-async def test_agent_tool_child_is_evaluated_against_its_recording_and_a_subagent_is_matched(
-    client: Client, model_server: ScriptedModelServer, tool_log: Path
-) -> None:
-    # The candidate's agent-tool call is matched and its child runs as a candidate against the
-    # recorded child (its lookup answered from the recording, nothing executed); the spawn and
-    # the wait are matched, so no subagent runs again.
+async def record_desk(client: Client, model_server: ScriptedModelServer) -> str:
+    """Record one desk run (its researcher and its clerk each look a ticket up); its id."""
     desk, child = scripted_model(model_server), scripted_model(model_server)
     model_server.respond(desk.name, desk_model)
     model_server.respond(child.name, child_model)
     async with serving(client, desk_agents(desk, child)) as worker:
         handle = await start_run(client, "desk", "help", task_queue=worker.task_queue)
         await handle.result()
-    assert model_server.request_count(child.name) == 3  # researcher: lookup, answer; clerk
+    assert model_server.request_count(child.name) == 4  # researcher, clerk: lookup, answer
+    return handle.id
+
+
+async def test_agent_tool_child_is_evaluated_against_its_recording_and_a_subagent_is_matched(
+    client: Client, model_server: ScriptedModelServer, tool_log: Path
+) -> None:
+    # The candidate's agent-tool call is matched and its child runs as a candidate against the
+    # recorded child (its lookup answered from the recording, nothing executed); the spawn is
+    # matched too and starts the candidate's clerk as a candidate against the recorded task,
+    # whose report the wait returns.
+    recorded_id = await record_desk(client, model_server)
     recorded = executions(tool_log)
-    assert recorded == {"lookup 7": 1}
+    assert recorded == {"lookup 7": 1, "lookup 8": 1}
 
     candidate, candidate_child = scripted_model(model_server), scripted_model(model_server)
     model_server.respond(candidate.name, desk_model)
     model_server.respond(candidate_child.name, child_model)
     report = await run_eval(
-        client, model_server, [desk_agents(candidate, candidate_child)], [handle.id]
+        client, model_server, [desk_agents(candidate, candidate_child)], [recorded_id]
     )
     [run] = report.runs
     assert run.verdict == "passed", run
-    assert (run.matched, run.live, run.blocked) == (4, 0, [])  # ask, spawn, wait; the lookup
-    assert model_server.request_count(candidate_child.name) == 2  # the researcher, not clerk
+    assert (run.matched, run.live, run.blocked) == (5, 0, [])  # ask, spawn, wait; 2 lookups
+    assert model_server.request_count(candidate_child.name) == 4  # the researcher, the clerk
     assert executions(tool_log) == recorded
+    assert "child says: check the ledger ticket 8: charged twice" in (run.candidate_output or "")
+
+
+async def test_a_diverging_subagent_shows_in_its_parents_report(
+    client: Client, model_server: ScriptedModelServer, tool_log: Path
+) -> None:
+    # The candidate's clerk refunds where the recorded one did not: blocked, listed as the
+    # task's call, never executed, and the parent's answer (its clerk's report) differs.
+    recorded_id = await record_desk(client, model_server)
+
+    candidate, candidate_child = scripted_model(model_server), scripted_model(model_server)
+    model_server.respond(candidate.name, desk_model)
+    model_server.respond(candidate_child.name, clerk_refunding)
+    report = await run_eval(
+        client, model_server, [desk_agents(candidate, candidate_child)], [recorded_id]
+    )
+    [run] = report.runs
+    assert run.verdict == "failed"
+    assert [(c.tool, c.outcome) for c in run.blocked] == [("task-1/refund", "blocked")]
+    assert run.divergence is not None and run.divergence.turn == 4  # the desk's answer
+    assert "not executed during evaluation" in (run.candidate_output or "")
+    assert "refund" not in "".join(executions(tool_log))
 
 
 async def test_a_changed_agent_tool_child_shows_in_its_parents_report(
@@ -194,18 +224,13 @@ async def test_a_changed_agent_tool_child_shows_in_its_parents_report(
 ) -> None:
     # The candidate's researcher refunds where the recorded one did not: blocked, listed as
     # the child's call, and the parent's answer differs.
-    desk, child = scripted_model(model_server), scripted_model(model_server)
-    model_server.respond(desk.name, desk_model)
-    model_server.respond(child.name, child_model)
-    async with serving(client, desk_agents(desk, child)) as worker:
-        handle = await start_run(client, "desk", "help", task_queue=worker.task_queue)
-        await handle.result()
+    recorded_id = await record_desk(client, model_server)
 
     candidate, candidate_child = scripted_model(model_server), scripted_model(model_server)
     model_server.respond(candidate.name, desk_model)
     model_server.respond(candidate_child.name, child_model_refunding)
     report = await run_eval(
-        client, model_server, [desk_agents(candidate, candidate_child)], [handle.id]
+        client, model_server, [desk_agents(candidate, candidate_child)], [recorded_id]
     )
     [run] = report.runs
     assert run.verdict == "failed"

@@ -11,7 +11,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
 from relaykit.eval_context import EvalCall
@@ -86,18 +86,26 @@ class EvalActivities:
         )
 
     async def _children_calls(self, run_id: str, depth: int = 0) -> list[EvalCall]:
-        """The calls of a candidate's agent-tool children (candidates themselves), named
-        ``<child>/<tool>``, down to the depth recorded children are read to."""
+        """The calls of a candidate's children (candidates themselves: agent-tool children and
+        subagents), named ``<child>/<tool>``, down to the depth recorded children are read to."""
         calls: list[EvalCall] = []
         if depth >= MAX_CHILD_DEPTH:
             return calls
         convert = self.client.data_converter
+        started: list[str] = []
+        results: dict[str, RunResult] = {}
         async for event in self.client.get_workflow_handle(run_id).fetch_history_events():
-            if event.event_type != EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
+            if event.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
+                attrs = event.child_workflow_execution_started_event_attributes
+                started.append(attrs.workflow_execution.workflow_id)
+            elif event.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
+                done = event.child_workflow_execution_completed_event_attributes
+                [result] = await convert.decode(done.result.payloads, [RunResult])
+                results[done.workflow_execution.workflow_id] = result
+        for child_id in started:
+            result = results.get(child_id) or await self._subagent_result(child_id)
+            if result is None:
                 continue
-            attrs = event.child_workflow_execution_completed_event_attributes
-            [result] = await convert.decode(attrs.result.payloads, [RunResult])
-            child_id = attrs.workflow_execution.workflow_id
             name = child_id.rpartition("/")[2]
             for call in result.evaluation or []:
                 calls.append(call.model_copy(update={"tool": f"{name}/{call.tool}"}))
@@ -105,6 +113,16 @@ class EvalActivities:
                 for call in await self._children_calls(child_id, depth + 1):
                     calls.append(call.model_copy(update={"tool": f"{name}/{call.tool}"}))
         return calls
+
+    async def _subagent_result(self, child_id: str) -> RunResult | None:
+        """A subagent's result: its parent does not wait for it to close (its report came by
+        signal), so its end is read from the child itself; ``None`` when it did not complete."""
+        handle = self.client.get_workflow_handle(child_id, result_type=RunResult)
+        try:
+            result: RunResult = await handle.result()
+            return result
+        except (WorkflowFailureError, RPCError):  # failed or cancelled: no calls to list
+            return None
 
     def all(self) -> list[Any]:
         return [self.prepare, self.score]

@@ -120,38 +120,64 @@ async def _outcome(convert: Any, events: list[Any]) -> tuple[RunResult | None, f
     return result, seconds
 
 
-async def agent_tool_children(convert: Any, histories: list[list[Any]]) -> list[tuple[str, str]]:
-    """The agent-tool children a run started, in order: (canonical arguments of the call that
-    started it, child workflow id). Background subagents (a report target) are left out."""
-    children = []
+async def children_of(
+    convert: Any, histories: list[list[Any]]
+) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The children a run started: its agent-tool children in order (canonical arguments of
+    the call that started each, child workflow id), and its background subagents (task id ->
+    child workflow id)."""
+    agent_tools: list[tuple[str, str]] = []
+    tasks: dict[str, str] = {}
     for events in histories:
         for event in events:
             if event.event_type != EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
                 continue
             attrs = event.start_child_workflow_execution_initiated_event_attributes
             [child] = await convert.decode(attrs.input.payloads, [RunInput])
-            if child.report_to is None and isinstance(child.input, str):
+            if child.report_to is not None:
+                tasks[child.report_to.task_id] = attrs.workflow_id
+            elif isinstance(child.input, str):
                 arguments = canonical_arguments(json.dumps({"input": child.input}))
-                children.append((arguments, attrs.workflow_id))
-    return children
+                agent_tools.append((arguments, attrs.workflow_id))
+    return agent_tools, tasks
 
 
 def attach_children(
-    calls: dict[str, list[RecordedCall]], children: list[tuple[str, str]]
+    calls: dict[str, list[RecordedCall]],
+    children: list[tuple[str, str]],
+    tasks: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Which recorded call started which agent-tool child (an agent tool's arguments are its
-    ``input``, and its children start in call order): call position -> child id, keyed
-    ``"<tool>#<index>"``."""
+    """Which recorded call started which child: call position -> child id, keyed
+    ``"<tool>#<index>"``. An agent tool's arguments are its ``input``, and its children start
+    in call order; a ``spawn_subagent`` result names its task, whose child the run's history
+    names (``tasks``: task id -> child id)."""
     started: dict[str, str] = {}
     left = list(children)
     for tool, recorded in calls.items():
         for index, call in enumerate(recorded):
+            if tool == "spawn_subagent":
+                task_id = _spawned_task(call)
+                if task_id is not None and task_id in (tasks or {}):
+                    started[f"{tool}#{index}"] = (tasks or {})[task_id]
+                continue
             for position, (arguments, child_id) in enumerate(left):
                 if arguments == call.arguments:
                     started[f"{tool}#{index}"] = child_id
                     del left[position]
                     break
     return started
+
+
+def _spawned_task(call: RecordedCall) -> str | None:
+    """The task id a recorded ``spawn_subagent`` result names (``None``: it started none)."""
+    if call.is_error:
+        return None
+    try:
+        result = json.loads(call.content)
+    except ValueError:
+        return None
+    task_id = result.get("id") if isinstance(result, dict) else None
+    return task_id if isinstance(task_id, str) else None
 
 
 async def recorded_from_histories(
@@ -184,12 +210,13 @@ async def recorded_from_histories(
 
 
 MAX_CHILD_DEPTH = 4
-"""Agent-tool children are read this many levels down; deeper ones answer as recorded."""
+"""Agent-tool and subagent children are read this many levels down; deeper ones answer as
+recorded."""
 
 
 async def read_recorded(client: Client, run_id: str, depth: int = 0) -> RecordedRun:
     """``run_id`` as recorded on the server (closed runs only), with the recorded children of
-    its agent-tool calls (:attr:`RecordedCall.child`)."""
+    its agent-tool calls and of its spawned subagents (:attr:`RecordedCall.child`)."""
     try:
         histories, description = await _runs_of_chain(client, run_id)
     except ForkError as exc:
@@ -201,8 +228,8 @@ async def read_recorded(client: Client, run_id: str, depth: int = 0) -> Recorded
     recorded = await recorded_from_histories(client.data_converter, run_id, histories)
     if recorded.problem is not None or depth >= MAX_CHILD_DEPTH:
         return recorded
-    children = await agent_tool_children(client.data_converter, histories)
-    for key, child_id in attach_children(recorded.calls, children).items():
+    children, tasks = await children_of(client.data_converter, histories)
+    for key, child_id in attach_children(recorded.calls, children, tasks).items():
         tool, _, index = key.rpartition("#")
         child = await read_recorded(client, child_id, depth + 1)
         if child.problem is None:  # else the recorded answer stands

@@ -90,6 +90,8 @@ class ChildIds:
 class AgentToolKind(ToolKind):
     """One agent tool of one agent."""
 
+    evaluates_children = True
+
     def __init__(self, run: Run, entry: AgentTool, ids: ChildIds, name: str) -> None:
         self.run = run
         self.entry = entry

@@ -64,6 +64,9 @@ class SubagentTool(ToolKind):
         self.capability: Subagents = agent.subagents
         self.name = name
         self._spec = spec
+        # a detached task's report is delivered elsewhere (a URL, another run): in an
+        # evaluation its spawn answers as recorded, never a delivery
+        self.evaluates_children = name == "spawn_subagent" and not self.capability.detached
 
     def spec(self) -> ToolSpec | None:
         return self._spec  # detached: only spawn_subagent is shown; the others still answer
@@ -114,7 +117,7 @@ class SubagentTool(ToolKind):
         if isinstance(args, WaitSubagentsArgs):
             return await self._wait(args)
         if isinstance(args, SpawnSubagentArgs):
-            return await self._spawn(args)
+            return await self._spawn(args, prepared.evaluation)
         if isinstance(args, CancelSubagentArgs):
             return await self._cancel(args.id)
         assert isinstance(args, SendToSubagentArgs)
@@ -153,9 +156,10 @@ class SubagentTool(ToolKind):
         self.tasks.starting += 1  # until its task opens (SubagentTasks.open_task)
         return None
 
-    async def _spawn(self, args: SpawnSubagentArgs) -> ToolResult:
+    async def _spawn(self, args: SpawnSubagentArgs, evaluation: Any = None) -> ToolResult:
         """Checked by :meth:`refusal` first; a spawn replayed as recorded may name an agent that
-        today's code no longer lists, and starts as it did then."""
+        today's code no longer lists, and starts as it did then. ``evaluation``: in a candidate
+        run, the recorded task's calls, which the task runs against as a candidate itself."""
         run, tasks, capability = self.run, self.tasks, self.capability
         prompt = args.prompt
         name, target = self._target(args)
@@ -166,7 +170,7 @@ class SubagentTool(ToolKind):
         info = workflow.info()
         target_wf = capability.deliver_to_workflow if capability.detached else info.workflow_id
         try:
-            handle = await self._start_task(target, task, prompt, target_wf)
+            handle = await self._start_task(target, task, prompt, target_wf, evaluation)
         except WorkflowAlreadyStartedError:
             # e.g. a run id reused while an abandoned task of its earlier run still runs
             Spend(run).release(child_id)
@@ -185,7 +189,12 @@ class SubagentTool(ToolKind):
         return ToolResult(json.dumps({"id": task_id, "agent": target.name, "status": "running"}))
 
     async def _start_task(
-        self, target: Agent, task: SubagentTask, prompt: str, target_wf: str | None
+        self,
+        target: Agent,
+        task: SubagentTask,
+        prompt: str,
+        target_wf: str | None,
+        evaluation: Any = None,
     ) -> Any:
         run, capability = self.run, self.capability
         info = workflow.info()
@@ -208,8 +217,10 @@ class SubagentTool(ToolKind):
                     workflow_id=target_wf,
                     url=capability.deliver_url if capability.detached else None,
                 ),
-                unattended=capability.approvals == "reject",
+                # a candidate's subagent runs unattended like the candidate (nobody approves)
+                unattended=capability.approvals == "reject" or evaluation is not None,
                 parent_workflow_id=info.workflow_id if capability.approvals == "parent" else None,
+                evaluation=evaluation,
             ),
             id=child_id,
             task_queue=info.task_queue,

@@ -69,8 +69,9 @@ class Prepared:
     """The call waits for a person's decision before it runs (set by the tool path from
     :meth:`ToolKind.approval_hint`)."""
     evaluation: Any = None
-    """In a candidate run of an evaluation, an agent-tool call's recorded child
-    (:class:`~relaykit.eval_context.EvalContext`): the child runs as a candidate against it."""
+    """In a candidate run of an evaluation, an agent-tool or ``spawn_subagent`` call's recorded
+    child (:class:`~relaykit.eval_context.EvalContext`): the child runs as a candidate against
+    it."""
 
 
 class ToolKind:
@@ -86,6 +87,10 @@ class ToolKind:
     """What a call does to the world (``"read"``, ``"idempotent"``, ``"write"``), as far as the
     kind knows; an evaluation runs only unmatched ``"read"`` calls live
     (:mod:`relaykit.workflows.eval_calls`). Kinds that do not declare one count as writes."""
+    evaluates_children: bool = False
+    """In an evaluation, a matched call with a recorded child run starts the candidate's child
+    as a candidate against it (agent tools, ``spawn_subagent``); other kinds, and these when no
+    child was recorded, answer with the recorded result."""
     guard_patch: str = GUARD_PATCH
     """The patch id under which the loop guard refuses this kind's repeats (docs/replay.md)."""
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
