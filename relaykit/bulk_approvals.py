@@ -36,7 +36,7 @@ from temporalio.service import RPCError
 from relaykit.authors import author
 from relaykit.client import get_run, signal_answer, waiting_call
 from relaykit.runs import AGENT_RUN_WORKFLOW, ApprovalDecision
-from relaykit.search_attributes import RELAY_WAITING_CALLS
+from relaykit.search_attributes import RELAY_WAITING_CALLS, eval_registered
 
 ANSWERED = "answered"
 NOT_WAITING = "not_waiting"
@@ -60,13 +60,17 @@ class BulkAnswer(BaseModel):
     detail: str = ""
 
 
-def waiting_runs_query(extra: str | None = None) -> str:
+def waiting_runs_query(extra: str | None = None, *, exclude_evals: bool = False) -> str:
     """The visibility query naming root runs that wait for a person, narrowed by ``extra``
-    (any Temporal visibility filter, e.g. ``RelayAgent = 'triage'``)."""
+    (any Temporal visibility filter, e.g. ``RelayAgent = 'triage'``); ``exclude_evals`` leaves
+    out candidate runs of evaluations (``RelayEvalOf``, where the namespace has it). The one
+    query of the inbox, the console's approvals and ``relaykit approve --all``."""
     query = (
         f"WorkflowType = '{AGENT_RUN_WORKFLOW}' AND RelayStatus = 'waiting_approval' "
         "AND ExecutionStatus = 'Running' AND RelayParentRun IS NULL"
     )
+    if exclude_evals:
+        query += " AND RelayEvalOf IS NULL"
     return f"{query} AND ({extra})" if extra and extra.strip() else query
 
 
@@ -91,7 +95,8 @@ async def answer_waiting(
     name = author(by)  # the author, the same for every answer (relaykit.authors)
     listed: dict[str, list[str] | None] = {}
     if run_ids is None:
-        async for execution in client.list_workflows(waiting_runs_query(query)):
+        where = waiting_runs_query(query, exclude_evals=await eval_registered(client))
+        async for execution in client.list_workflows(where):
             calls = execution.typed_search_attributes.get(RELAY_WAITING_CALLS)
             listed[execution.id] = list(calls) if calls else None
     else:

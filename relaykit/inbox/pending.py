@@ -34,10 +34,10 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from relaykit.bulk_approvals import waiting_runs_query
 from relaykit.client import DEFAULT_TASK_QUEUE, get_run, task_queue_has_worker
 from relaykit.runs import PendingApproval, RunEvent
 from relaykit.search_attributes import eval_registered
-from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
 
 QUERY_TIMEOUT = 5.0
 """Seconds a waiting run's worker gets to answer its ``pending_approvals`` query."""
@@ -48,16 +48,6 @@ from their cache of runs (no replay) when they have them."""
 
 DEFAULT_LIMIT = 2000
 """Waiting runs listed at most (the oldest waits are shown first)."""
-
-
-def waiting_runs_query(exclude_evals: bool = False) -> str:
-    """The visibility query that names the root runs waiting for a person; ``exclude_evals``
-    leaves out candidate runs of evaluations (``RelayEvalOf``, where the namespace has it)."""
-    return (
-        f"WorkflowType = '{AGENT_RUN_WORKFLOW}' AND RelayStatus = 'waiting_approval' "
-        "AND ExecutionStatus = 'Running' AND RelayParentRun IS NULL"
-        + (" AND RelayEvalOf IS NULL" if exclude_evals else "")
-    )
 
 
 def ui_url(workflow_id: str, namespace: str) -> str:
