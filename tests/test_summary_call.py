@@ -17,6 +17,7 @@ from temporalio.client import Client
 from temporalio.worker import Replayer
 
 from relaykit import Agent, ContextPolicy, fork_run, registry, start_run, tool
+from relaykit.authors import current_user
 from relaykit.devserver import DevServer
 from relaykit.graph import AgentGraph
 from relaykit.testing.scripted_server import (
@@ -156,7 +157,7 @@ async def test_a_steer_during_a_summary_call_is_accepted_at_once_and_the_next_tu
     assert [is_summary(r) for r in sent] == [False, False, True, False]  # the summary once
     assert [m.get("content") for m in sent[3].messages].count(STEER) == 1  # the next call
     assert [e.data for e in events if e.kind == "steered"] == [
-        {"text": STEER, "cancelled_call": False}
+        {"text": STEER, "cancelled_call": False, "by": current_user()}  # the CLI's default
     ]
     assert [e.data["text"] for e in events if e.kind == "message_injected"] == [STEER]
     assert [label.split(" · ")[1] for label in labels if label.startswith(agent.name)] == [

@@ -142,7 +142,7 @@ async def test_replaying_a_traced_run_emits_no_spans_and_no_logs(
         ) as worker:
             handle = await start_run(client, agent, "1+1?", task_queue=task_queue)
             await model_server_waits(model_server, model.name, 2)
-            # An answer nobody asked for: the workflow logs a warning and ignores it.
+            # An answer nobody asked for: the workflow logs a warning and records it as refused.
             await handle.workflow.signal(
                 "approve_signal", ApprovalDecision(call_id="nope", approved=True)
             )
@@ -155,7 +155,7 @@ async def test_replaying_a_traced_run_emits_no_spans_and_no_logs(
     assert named(live_spans, "RunWorkflow:AgentRun") and named(
         live_spans, "HandleSignal:approve_signal"
     )
-    assert any("ignored approval" in r.getMessage() for r in caplog.records)
+    assert any("refused approval" in r.getMessage() for r in caplog.records)
 
     history = await handle.workflow.fetch_history()
     exporter.clear()
