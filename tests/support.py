@@ -1,12 +1,17 @@
 """Helpers shared by the tests: a scripted model of one's own, a worker on a fresh task queue,
-and readers of a run's Temporal history."""
+readers of a run's Temporal history, polling, and the CLI in a subprocess."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import os
 import shutil
+import sys
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,6 +20,8 @@ from temporalio.client import Client, WorkflowHandle
 
 from relaykit import Agent, ModelSpec, Worker
 from relaykit.testing.scripted_server import ScriptedModelServer
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _transcript_dir: list[str] = []
 
@@ -81,3 +88,45 @@ async def activity_summaries(handle: WorkflowHandle[Any, Any], client: Client) -
         ):
             summaries.append(await client.data_converter.decode([e.user_metadata.summary]))
     return [s[0] for s in summaries]
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any] | Any], what: str, timeout: float = 30.0, every: float = 0.05
+) -> Any:
+    """Poll ``check`` until it returns something truthy, and return that.
+
+    For state nothing notifies a test of: a query, a history read, a visibility listing (which
+    is eventually consistent). The deadline is generous because a loaded machine (tests run in
+    parallel) slows every poll; a check that succeeds returns at once whatever the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def cli(*args: str, address: str) -> tuple[int, str, str]:
+    """``relaykit ARGS`` in a subprocess against the test server: (exit code, stdout, stderr).
+
+    A subprocess, not typer's runner, so the test sees what a person's shell does (exit codes,
+    both streams, no state shared with the test's process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "relaykit.cli",
+        *args,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -10,11 +10,9 @@ import json
 import os
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -26,20 +24,9 @@ from relaykit import Agent, ApprovalDecision, RunFailed, RunHandle, start_run, t
 from relaykit.authors import current_user
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
-from tests.support import history_events, scheduled_activities, scripted_model, serving
+from tests.support import eventually, history_events, scheduled_activities, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0
-) -> None:
-    """Poll ``check`` (a query or history read: state a test cannot be notified of)."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def waiting_for_approval(handle: RunHandle, count: int = 1) -> None:

@@ -28,8 +28,8 @@ from relaykit.model_output import check_calls
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
-from tests.support import history_events, scheduled_activities, scripted_model, serving
-from tests.test_approvals import eventually, waiting_for_approval
+from tests.support import eventually, history_events, scheduled_activities, scripted_model, serving
+from tests.test_approvals import waiting_for_approval
 
 
 def make_refund(invocations: list[str], **options: Any) -> Any:

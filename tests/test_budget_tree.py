@@ -204,7 +204,8 @@ async def test_a_child_whose_parent_has_ended_makes_its_last_call_instead_of_wai
 async def test_a_tree_paused_at_the_roots_limit_survives_a_worker_kill_and_goes_on_when_raised(
     client: Client, temporal_server: Any, model_server: ScriptedModelServer, tmp_path: Any
 ) -> None:
-    from tests.test_crash_recovery import crash_rig, eventually, forget_sticky_worker, kill
+    from tests.support import eventually
+    from tests.test_crash_recovery import crash_rig, forget_sticky_worker, kill
 
     def respond(request: ScriptedRequest) -> Step:
         if "spawn_subagent" in request.tool_names:  # the lead

@@ -220,7 +220,8 @@ async def test_concurrent_subagents_that_together_would_overspend_do_not(
 async def test_a_run_paused_at_its_limit_survives_a_worker_kill_and_goes_on_when_raised(
     client: Client, temporal_server: Any, model_server: ScriptedModelServer, tmp_path: Any
 ) -> None:
-    from tests.test_crash_recovery import crash_rig, eventually, forget_sticky_worker, kill
+    from tests.support import eventually
+    from tests.test_crash_recovery import crash_rig, forget_sticky_worker, kill
 
     async with crash_rig(temporal_server.address, model_server, tmp_path) as rig:
         model_server.script(

@@ -25,8 +25,8 @@ from relaykit.devserver import DEFAULT_UI_URL, DevServer
 from relaykit.inbox.app import inbox_app
 from relaykit.models.spec import ModelSpec, Price
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
-from tests.support import scripted_model, serving
-from tests.test_inbox import CHROMIUM_ARGS, REPO_ROOT, _env, _lines, chromium, eventually
+from tests.support import eventually, scripted_model, serving
+from tests.test_inbox import CHROMIUM_ARGS, REPO_ROOT, _env, _lines, chromium
 
 __all__ = ["chromium"]  # the fixture, shared with the inbox's tests
 

@@ -29,9 +29,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from relaykit import RunHandle, get_run, start_run
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
+from tests.support import eventually
 from tests.wedge import wedges_on
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -142,21 +142,6 @@ async def forget_sticky_worker(client: Client, handle: RunHandle) -> None:
             namespace=client.namespace, execution=WorkflowExecution(workflow_id=handle.id)
         )
     )
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = check()
-        if not isinstance(outcome, bool):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def wait_requests(server: ScriptedModelServer, model: str, n: int) -> None:

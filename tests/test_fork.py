@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from relaykit import Agent, ForkError, fork_run, get_run, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.search_attributes import RELAY_FORK_OF
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
-from tests.support import history_events, scripted_model, serving
+from tests.support import cli, history_events, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,24 +44,6 @@ def turns_sent(request: ScriptedRequest) -> list[tuple[str, str]]:
         calls = [c["function"]["name"] for c in m.get("tool_calls") or []]
         out.append((m["role"], ",".join(calls) if calls else str(m.get("content") or "")))
     return out
-
-
-async def cli(*args: str, address: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
-    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relaykit.cli",
-        *args,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_a_fork_of_a_finished_run_at_turn_2_sends_exactly_turns_1_and_2_and_runs_no_tool_again(  # noqa: E501

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +26,7 @@ from temporalio.client import Client
 from relaykit import Agent, RunHandle, start_run, tool
 from relaykit.devserver import DEFAULT_UI_URL, DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
-from tests.support import scripted_model, serving
+from tests.support import eventually, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = "/usr/bin/chromium"
@@ -113,16 +113,6 @@ def inbox(temporal_server: DevServer) -> Iterator[Inbox]:
         yield started
     finally:
         stop_inbox(started)
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy (visibility is eventually consistent)."""
-    deadline = time.monotonic() + timeout
-    while not (value := await check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-    return value
 
 
 def desks(server: ScriptedModelServer, invocations: list[str]) -> tuple[Agent, Agent, Agent]:

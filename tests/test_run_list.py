@@ -6,13 +6,10 @@ of requests per page. Against the real dev server, a worker and the scripted mod
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,17 +23,9 @@ from relaykit.devserver import DevServer
 from relaykit.run_list import RunFilter, RunPage, list_runs_page
 from relaykit.search_attributes import RELAY_LAST_ACTIVITY, RELAY_WAITING_FOR
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
-from tests.support import scripted_model, serving
+from tests.support import cli, eventually, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + 30.0
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 @tool(needs_approval=True)
@@ -201,24 +190,6 @@ def _counted(method: Any, name: str, calls: Counter[str]) -> Any:
         return await method(*args, **kwargs)
 
     return call
-
-
-async def cli(*args: str, address: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
-    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relaykit.cli",
-        *args,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_a_namespace_registered_before_the_list_attributes_still_lists_and_counts(

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
-import time
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -19,35 +17,9 @@ from relaykit.authors import current_user
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
 from relaykit.watch import describe
-from tests.support import history_events, scripted_model, serving
+from tests.support import cli, eventually, history_events, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-async def eventually(check: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def cli(*args: str, address: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
-    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relaykit.cli",
-        *args,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def event_types(history: list[Any]) -> list[int]:

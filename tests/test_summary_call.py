@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
 import uuid
 from typing import Any
@@ -30,7 +29,7 @@ from relaykit.testing.scripted_server import (
 from relaykit.worker import sandbox_runner
 from relaykit.workflows import model_turn
 from relaykit.workflows.agent_run import AgentRun
-from tests.support import activity_summaries, history_events, scripted_model, serving
+from tests.support import activity_summaries, cli, history_events, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEER = "actually: stop after this and say finished"
@@ -60,24 +59,6 @@ def summarising_agent(model: Any) -> Agent:
         tools=[step],
         context_policy=ContextPolicy(max_input_tokens=30, keep_last_turns=1),
     )
-
-
-async def cli(*args: str, address: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
-    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", NO_COLOR="1", COLUMNS="300")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relaykit.cli",
-        *args,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def task_failures(history: list[Any]) -> list[str]:

@@ -9,9 +9,7 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from temporalio.client import Client
@@ -19,7 +17,7 @@ from temporalio.client import Client
 from relaykit import Agent, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
-from tests.support import scripted_model, serving
+from tests.support import eventually, scripted_model, serving
 from tests.test_events import team
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,17 +42,6 @@ async def relaykit(server: DevServer, *args: str, timeout: float = 60) -> tuple[
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0
-) -> None:
-    """Poll ``check``: Temporal visibility is eventually consistent, nothing notifies a test."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def test_watch_of_a_finished_run_prints_the_whole_log_with_child_runs_and_exits(
