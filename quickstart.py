@@ -75,6 +75,18 @@ def shape_checks() -> list[str]:
     return failed
 
 
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist's options for the whole suite: one test process per core, a test file kept
+    in one process (its module fixtures start workers and servers once). Most tests wait on a
+    Temporal server, worker processes or timeouts, so two processes on two cores take about half
+    the time of one. None when the caller chose (``-n``, ``-p no:xdist``) or picked tests."""
+    chose = any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args)
+    picked = any(not a.startswith("-") and ("/" in a or a.endswith(".py")) for a in args)
+    if chose or picked or "no:xdist" in args:
+        return []
+    return ["-n", "auto", "--dist", "loadfile"]
+
+
 def main() -> int:
     command = sys.argv[1] if len(sys.argv) > 1 else "demo"
     rest = sys.argv[2:]
@@ -91,7 +103,7 @@ def main() -> int:
             print(f"shape checks failed: {', '.join(failed)}", file=sys.stderr)
         return 1 if failed else 0
     # The tests run even when a check failed, so one run reports both; the status says either.
-    code = subprocess.call([str(PYTHON), "-m", "pytest", *rest])
+    code = subprocess.call([str(PYTHON), "-m", "pytest", *parallel(rest), *rest])
     if failed:
         alone = "run them alone: python3 quickstart.py shape"
         print(f"shape checks failed: {', '.join(failed)} ({alone})", file=sys.stderr)
