@@ -65,6 +65,7 @@ from bench.chaos_model import (
     turn_of,
 )
 from bench.chaos_workers import Rig
+from relaykit.search_attributes import RELAY_STATUS
 from relaykit.testing.scripted_server import ScriptedModelServer
 
 AGENT = "chaos"
@@ -84,6 +85,8 @@ OPERATOR_EVENTS = (
     "budget_changed",
 )
 """Events of operator actions: each names who took it."""
+CHILD_BUDGET_KNOB = 0.8
+"""A budget action whose knob is at least this acts on a running child, if there is one."""
 CALL_SECONDS = 20.0
 """Bound on one client call (an update waits for the workflow task that answers it)."""
 TRIGGER_SECONDS = 30.0
@@ -341,9 +344,31 @@ class Driver:
         elif kind == "cancel":
             await self.call("cancel", self.runs[0].handle.cancel(by=OPERATOR))
         elif kind in ("raise", "set", "finish"):
-            await self.change_budget(target, action)
+            child = await self.running_child() if action.knob >= CHILD_BUDGET_KNOB else None
+            await self.change_budget(child or target, action)
         elif kind == "budget_cancel":  # `relaykit budget RUN --cancel`
             await self.call("budget cancel", target.handle.cancel(by=OPERATOR))
+
+    async def running_child(self) -> Tracked | None:
+        """A running child of one of the runs (an agent tool or a subagent, from visibility),
+        preferring one that waits for its parent's budget: a person may change a child's budget
+        too, though the docs tell them to raise the root."""
+        from relaykit import get_run
+
+        query = "ExecutionStatus = 'Running' AND RelayParentRun IS NOT NULL"
+        roots = tuple(f"{run.handle.id}/" for run in self.runs)
+        found: list[tuple[bool, str]] = []
+        try:
+            async for execution in self.client.list_workflows(query):
+                if execution.id.startswith(roots):
+                    status = execution.typed_search_attributes.get(RELAY_STATUS)
+                    found.append((status != "waiting_parent_budget", execution.id))
+        except Exception as exc:  # noqa: BLE001 - recorded
+            self.out.notes.append(f"listing children: {type(exc).__name__}: {exc}"[:240])
+        if not found:
+            return None
+        self.out.actions["budget of a child"] += 1
+        return Tracked(get_run(self.client, min(found)[1]))
 
     async def change_budget(self, run: Tracked, action: Action) -> None:
         """Raise the limit by a few calls' worth, set it (below what was spent one time in
@@ -761,6 +786,7 @@ def table(outcomes: list[Outcome]) -> str:
             (f"  budget {kind}", str(actions[kind]))
             for kind in ("raise", "set", "finish", "budget_cancel")
         ),
+        ("  budget actions on a child run", str(actions["budget of a child"])),
         ("budgeted runs (incl. forks)", str(sum(o.budget_runs for o in outcomes))),
         ("  stopped at their limit", str(sum(o.budget_stops for o in outcomes))),
         ("operator events checked for an author", str(sum(o.operator_events for o in outcomes))),

@@ -179,7 +179,7 @@ def draw_fleet(plan: Plan) -> Plan:
         plan,
         features=(*plan.features, "budget"),
         actions=(*actions, *cancel),
-        max_usd=round(rng.uniform(0.002, 0.012), 4),
+        max_usd=round(rng.uniform(0.0015, 0.008), 4),
         on_limit=rng.choices(("pause", "finish", "fail"), (3.0, 1.5, 1.0))[0],
         **modes,  # type: ignore[arg-type]
     )
