@@ -615,8 +615,8 @@ class Driver:
                 elif e.kind == "approval_refused":
                     refused.add(call_id)
                 relaykit_own = e.data.get("timed_out") or (
-                    e.kind == "cancelled" and wid != run.handle.id and "reason" in e.data
-                )  # an approval timeout; a parent cancelling its child
+                    e.kind == "cancelled" and wid != run.handle.id and "by" not in e.data
+                )  # an approval timeout; a child cancelled as its parent ended or was cancelled
                 if not relaykit_own and e.data.get("by") != OPERATOR:
                     self.out.violations.append(
                         f"{wid}: {e.kind} event {e.seq} names no author: {e.data}"[:300]
