@@ -6,7 +6,12 @@ model server over HTTP playing the model, and a driver that steers, sends, pause
 approves and denies, forks at a random turn, cancels, SIGKILLs the worker and starts it again,
 and deploys a changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed
 instructions and one more tool, at once or rolling), at moments tied to the model's requests.
-Then it stops acting, approves whatever still waits, resumes a paused run, and checks:
+A run with the ``budget`` feature has a dollar limit and an ``on_limit``; the operator raises
+or sets the limit, asks for the best answer so far or cancels it (an action due while the run
+waits at its limit fires at once: a run that waits makes no requests). Approvals are answered
+by the update, by signal, in bulk, two at once racing each other, and again once answered.
+Then it stops acting, approves whatever still waits, resumes a paused run, asks a run waiting
+at its limit for its best answer, and checks:
 
 - every run (the original and its forks) ends, completed, failed with a type, or cancelled,
   within ``--settle`` seconds after the actions stop;
@@ -14,7 +19,14 @@ Then it stops acting, approves whatever still waits, resumes a paused run, and c
   that are Temporal's own concurrency (:data:`bench.chaos_checks.BENIGN_TASK_FAILURES`);
 - no write (the ``charge`` and ``work`` tools, the ``on_handoff`` callback) started twice;
 - a fork's first model request is the original's request at that turn;
-- an accepted steer or send reaches the model, and never twice in one request.
+- an accepted steer or send reaches the model, and never twice in one request;
+- a budgeted run's spend (its children's included) never passes the highest limit it had;
+- every operator event (approval answered or refused, steer, message, pause, resume, cancel,
+  budget change) names its author;
+- no child run waits for its parent's budget once the run has ended;
+- a call is answered once: one ``approval_answered`` per call, a late answer is refused (a
+  typed error, or an ``approval_refused`` event naming its author), and an approved read that
+  no fault interrupted starts once.
 
 A failing seed prints what broke and ``python -m bench.chaos --runs 1 --seed SEED``, which runs
 that seed alone. Seeds run ``--concurrency`` at a time; every process a run starts is killed when
@@ -53,12 +65,28 @@ from bench.chaos_model import (
     turn_of,
 )
 from bench.chaos_workers import Rig
+from relaykit.search_attributes import RELAY_STATUS
 from relaykit.testing.scripted_server import ScriptedModelServer
 
 AGENT = "chaos"
 SETTLE_SECONDS = 60.0
 """How long a run may take to end once the actions stopped: long enough for a killed worker's
 sticky timeout, heartbeat timeouts and a new worker to start on a loaded machine."""
+OPERATOR = "chaos-operator"
+"""The author the driver names in every action (``by=``): the check reads it back from events."""
+OPERATOR_EVENTS = (
+    "approval_answered",
+    "approval_refused",
+    "message_injected",
+    "steered",
+    "paused",
+    "resumed",
+    "cancelled",
+    "budget_changed",
+)
+"""Events of operator actions: each names who took it."""
+CHILD_BUDGET_KNOB = 0.8
+"""A budget action whose knob is at least this acts on a running child, if there is one."""
 CALL_SECONDS = 20.0
 """Bound on one client call (an update waits for the workflow task that answers it)."""
 TRIGGER_SECONDS = 30.0
@@ -89,6 +117,12 @@ class Outcome:
     summaries: int = 0
     child_calls: int = 0
     marks_checked: int = 0
+    operator_events: int = 0
+    late_answers: int = 0
+    budget_runs: int = 0
+    budget_stops: int = 0
+    """Runs that stopped at their dollar limit (waited in ``budget_reached``, finished there, or
+    failed with ``BudgetExceeded``)."""
     seconds: float = 0.0
     workdir: str = ""
 
@@ -128,6 +162,11 @@ class Tracked:
     first_seen: dict[str, float] = field(default_factory=dict)
     status: str = ""
     transcript_text: str = ""
+    limits: list[float] = field(default_factory=list)
+    """Every dollar limit the run had (the start's and each answer of ``set_budget``)."""
+    signalled_late: set[str] = field(default_factory=set)
+    """Calls answered again by signal once answered, whose late answer the run took."""
+    finished_at_limit: bool = False
 
 
 class Driver:
@@ -147,6 +186,8 @@ class Driver:
         self.rig = Rig(address, server.base_url, self.model, self.plan, work)
         self.out = Outcome(seed=seed, plan=self.plan, workdir=str(work))
         self.rng = random.Random(seed * 7919 + 1)
+        self.answers = random.Random(seed * 7919 + 2)
+        """How each approval is answered (a stream of its own: the rest stays as it was)."""
         self.settle = settle
         self.settling = False
         self.runs: list[Tracked] = []
@@ -163,7 +204,7 @@ class Driver:
             return exc
 
     async def go(self) -> Outcome:
-        from relaykit import start_run
+        from relaykit import Budget, start_run
 
         began = time.monotonic()
         self.server.respond(self.model, model_for(self.plan))
@@ -178,8 +219,16 @@ class Driver:
                 id=f"chaos-{self.plan.seed}-{uuid.uuid4().hex[:8]}",
                 max_turns=40,
                 continue_as_new_after_turns=self.plan.continue_as_new_after_turns,
+                budget=(
+                    Budget(max_usd=self.plan.max_usd, on_limit=self.plan.on_limit)  # type: ignore[arg-type]
+                    if self.plan.max_usd
+                    else None
+                ),
             )
-            self.runs.append(Tracked(handle))
+            tracked = Tracked(handle)
+            if self.plan.max_usd:
+                tracked.limits.append(self.plan.max_usd)
+            self.runs.append(tracked)
             approver = asyncio.create_task(self.approve_loop())
             for action in self.plan.actions:
                 why = await self.trigger(action)
@@ -202,11 +251,15 @@ class Driver:
         model got no request for a while."""
         deadline = time.monotonic() + TRIGGER_SECONDS
         original = self.runs[0]
+        polls = 0
         while self.server.request_count(self.model) < action.at:
             if await self.closed(original):
                 return "the run ended first"
             if time.monotonic() > deadline:
                 return f"no model request for {TRIGGER_SECONDS:g}s"
+            polls += 1
+            if self.plan.max_usd and polls % 10 == 0 and await self.at_limit(original):
+                return None  # it waits for a person: no request comes until one acts
             await asyncio.sleep(0.1)
         aim = await self.aim(action)
         if aim is None:
@@ -248,6 +301,13 @@ class Driver:
             return False
         return description.status is not None and description.status.name != "RUNNING"
 
+    async def at_limit(self, run: Tracked) -> bool:
+        try:
+            snapshot = await asyncio.wait_for(run.handle.state(), CALL_SECONDS)
+        except Exception:  # noqa: BLE001 - treated as not waiting
+            return False
+        return bool(snapshot.status == "budget_reached")
+
     async def open_runs(self) -> list[Tracked]:
         return [r for r in self.runs if not await self.closed(r)]
 
@@ -260,13 +320,13 @@ class Driver:
             mark = f"{kind.upper()}-{uuid.uuid4().hex[:8]}"
             words = f"{mark}: the customer adds one more detail."
             method = target.handle.steer if kind == "steer" else target.handle.send_message
-            result = await self.call(kind, method(words))
+            result = await self.call(kind, method(words, by=OPERATOR))
             if not isinstance(result, Exception):
                 self.marks.append((mark, target))
         elif kind == "pause":
-            await self.call("pause", target.handle.pause())
+            await self.call("pause", target.handle.pause(by=OPERATOR))
             await asyncio.sleep(0.3 + 2 * action.knob)
-            await self.call("resume", target.handle.resume())
+            await self.call("resume", target.handle.resume(by=OPERATOR))
         elif kind == "kill":
             await asyncio.to_thread(self.rig.kill)
             await asyncio.sleep(2 * action.knob)
@@ -282,7 +342,51 @@ class Driver:
         elif kind == "fork":
             await self.fork(action)
         elif kind == "cancel":
-            await self.call("cancel", self.runs[0].handle.cancel())
+            await self.call("cancel", self.runs[0].handle.cancel(by=OPERATOR))
+        elif kind in ("raise", "set", "finish"):
+            child = await self.running_child() if action.knob >= CHILD_BUDGET_KNOB else None
+            await self.change_budget(child or target, action)
+        elif kind == "budget_cancel":  # `relaykit budget RUN --cancel`
+            await self.call("budget cancel", target.handle.cancel(by=OPERATOR))
+
+    async def running_child(self) -> Tracked | None:
+        """A running child of one of the runs (an agent tool or a subagent, from visibility),
+        preferring one that waits for its parent's budget: a person may change a child's budget
+        too, though the docs tell them to raise the root."""
+        from relaykit import get_run
+
+        query = "ExecutionStatus = 'Running' AND RelayParentRun IS NOT NULL"
+        roots = tuple(f"{run.handle.id}/" for run in self.runs)
+        found: list[tuple[bool, str]] = []
+        try:
+            async for execution in self.client.list_workflows(query):
+                if execution.id.startswith(roots):
+                    status = execution.typed_search_attributes.get(RELAY_STATUS)
+                    found.append((status != "waiting_parent_budget", execution.id))
+        except Exception as exc:  # noqa: BLE001 - recorded
+            self.out.notes.append(f"listing children: {type(exc).__name__}: {exc}"[:240])
+        if not found:
+            return None
+        self.out.actions["budget of a child"] += 1
+        return Tracked(get_run(self.client, min(found)[1]))
+
+    async def change_budget(self, run: Tracked, action: Action) -> None:
+        """Raise the limit by a few calls' worth, set it (below what was spent one time in
+        four), or ask for the best answer so far."""
+        handle = run.handle
+        if action.kind == "raise":
+            coro = handle.set_budget(raise_by=round(0.001 + 0.004 * action.knob, 4), by=OPERATOR)
+        elif action.kind == "set":
+            state = await self.call("state", handle.state())
+            spent = state.budget.spent if not isinstance(state, Exception) and state.budget else 0
+            coro = handle.set_budget(
+                max(0.0, round(spent + 0.006 * action.knob - 0.0015, 4)), by=OPERATOR
+            )
+        else:
+            coro = handle.set_budget(finish=True, by=OPERATOR)
+        view = await self.call(f"budget {action.kind}", coro)
+        if not isinstance(view, Exception):
+            run.limits.append(view.limit)
 
     async def fork(self, action: Action) -> None:
         from relaykit import fork_run
@@ -293,7 +397,9 @@ class Driver:
         mark = f"FORK-{uuid.uuid4().hex[:8]}"
         try:
             handle = await asyncio.wait_for(
-                fork_run(self.client, self.runs[0].handle.id, turn, input=f"{mark}: go on."),
+                fork_run(
+                    self.client, self.runs[0].handle.id, turn, input=f"{mark}: go on.", by=OPERATOR
+                ),
                 CALL_SECONDS,
             )
         except ForkError as exc:
@@ -305,10 +411,20 @@ class Driver:
         self.runs.append(Tracked(handle, fork_mark=mark, fork_turn=turn))
 
     async def approve_loop(self) -> None:
+        modes = list(self.plan.approval_modes) or ["update"]
+        weights = list(self.plan.approval_modes.values()) or [1.0]
         while True:
             for run in list(self.runs):
                 if await self.closed(run):
                     continue
+                if self.settling and self.plan.max_usd and not run.finished_at_limit:
+                    if await self.at_limit(run):  # the best answer so far ends it
+                        run.finished_at_limit = True
+                        view = await self.call(
+                            "settle finish", run.handle.set_budget(finish=True, by=OPERATOR)
+                        )
+                        if not isinstance(view, Exception):
+                            run.limits.append(view.limit)
                 pending = await self.call("pending", run.handle.pending_approvals())
                 if isinstance(pending, Exception):
                     continue
@@ -323,8 +439,78 @@ class Driver:
                     approved = self.settling or self.rng.random() < self.plan.approve_chance
                     run.decided.add(p.call_id)
                     self.out.actions["approve" if approved else "deny"] += 1
-                    await self.call("approve", run.handle.approve(p.call_id, approved))
+                    mode = self.answers.choices(modes, weights)[0]
+                    self.out.actions[f"answer by {mode}"] += 1
+                    await self.answer(run, p.call_id, approved, mode)
+                    if self.answers.random() < self.plan.late_answer_chance:
+                        self.out.late_answers += 1
+                        await self.answer_late(run, p.call_id, approved)
             await asyncio.sleep(0.3)
+
+    async def answer(self, run: Tracked, call_id: str, approved: bool, mode: str) -> None:
+        """One answer, by the update, by signal, in bulk, or two at once (update and signal, or
+        two signals; contradicting each other one time in three)."""
+        from relaykit.bulk_approvals import answer_waiting
+
+        handle = run.handle
+        if mode == "update":
+            await self.call("approve", handle.approve(call_id, approved, by=OPERATOR))
+        elif mode == "signal":
+            await self.call("approve", handle.approve(call_id, approved, wait=False, by=OPERATOR))
+        elif mode == "bulk":
+            result = await self.call(
+                "bulk approve",
+                answer_waiting(
+                    self.client,
+                    approved=approved,
+                    by=OPERATOR,
+                    run_ids=[handle.id],
+                    call_ids={call_id},
+                ),
+            )
+            if not isinstance(result, Exception):
+                self.out.notes += [
+                    f"bulk answer to {a.call_id}: {a.status} {a.detail[:120]}"
+                    for a in result
+                    if a.status != "answered"
+                ]
+        else:
+            other = approved if self.answers.random() < 0.67 else not approved
+            second = (
+                handle.approve(call_id, other, by=OPERATOR)
+                if self.answers.random() < 0.5
+                else handle.approve(call_id, other, wait=False, by=OPERATOR)
+            )
+            await asyncio.gather(
+                self.call(
+                    "race approve", handle.approve(call_id, approved, wait=False, by=OPERATOR)
+                ),
+                self.call("race approve", second),
+            )
+
+    async def answer_late(self, run: Tracked, call_id: str, approved: bool) -> None:
+        """An answer to a call answered already: a typed refusal, or (a signal that raced the
+        listing of waiting calls) an ``approval_refused`` event; never a second answer."""
+        from temporalio.client import WorkflowUpdateFailedError
+
+        from relaykit.errors import ApprovalNotWaiting
+
+        await asyncio.sleep(0.5 * self.answers.random())
+        by_signal = self.answers.random() < 0.5
+        try:
+            await asyncio.wait_for(
+                run.handle.approve(call_id, not approved, wait=not by_signal, by=OPERATOR),
+                CALL_SECONDS,
+            )
+        except (ApprovalNotWaiting, WorkflowUpdateFailedError):
+            return
+        except Exception as exc:  # noqa: BLE001 - recorded
+            self.out.notes.append(f"late answer to {call_id}: {type(exc).__name__}: {exc}"[:240])
+            return
+        if by_signal:
+            run.signalled_late.add(call_id)
+        else:
+            self.out.violations.append(f"{run.handle.id}: a second answer to {call_id} was taken")
 
     async def settle_all(self) -> None:
         """Stop acting: a worker serves, paused runs resume, every approval is granted; then
@@ -333,7 +519,7 @@ class Driver:
         if not self.rig.live:
             self.rig.start()
         for run in await self.open_runs():
-            await self.call("resume", run.handle.resume())
+            await self.call("resume", run.handle.resume(by=OPERATOR))
         deadline = time.monotonic() + self.settle
         for run in self.runs:
             run.status = await self.result(run, max(1.0, deadline - time.monotonic()))
@@ -377,11 +563,16 @@ class Driver:
 
     async def check(self) -> None:
         requests = self.server.requests(self.model)
+        limits = [limit for run in self.runs for limit in run.limits]
         for run in self.runs:
             tree = await checks.workflow_tree(self.client, run.handle.id, None)
             wedges, benign = checks.task_failures(tree)
             self.out.wedges += wedges
             self.out.benign_task_failures += benign
+            await self.check_operator_events(run, tree)
+            if self.plan.max_usd:
+                await self.check_spend(run, limits)
+            await self.check_children_budget(run, tree)
             if run.fork_mark is not None:
                 problem = checks.fork_mismatch(requests, run.fork_mark, run.fork_turn)
                 self.out.forks_compared += problem != checks.NOT_COMPARED
@@ -397,9 +588,99 @@ class Driver:
         self.out.summaries = sum(1 for r in requests if is_summary(r))
         self.out.child_calls = sum(1 for r in requests if first_text(r).startswith(CHILD_PREFIX))
         self.out.repeated_writes = checks.repeated_writes(self.rig.write_log)
+        if not (self.out.actions["kill"] or self.out.actions["deploy"]):  # nothing cut a read
+            self.out.violations += checks.repeated_reads(self.rig.write_log)
         self.out.writes = checks.write_starts(self.rig.write_log)
         self.out.actions["kill"] += 0
         self.out.actions["deploy"] += 0
+
+    async def check_operator_events(self, run: Tracked, tree: list[Any]) -> None:
+        """Every operator event of the run and its children names the driver as its author; a
+        call is answered once; a late answer the run took is an ``approval_refused`` event."""
+        from relaykit import get_run
+
+        for wid in dict.fromkeys(w for w, _rid, _events in tree):
+            events = await self.call("events", get_run(self.client, wid).events())
+            if isinstance(events, Exception):
+                continue
+            answered: collections.Counter[str] = collections.Counter()
+            refused: set[str] = set()
+            for e in events:
+                if e.kind not in OPERATOR_EVENTS:
+                    continue
+                self.out.operator_events += 1
+                call_id = e.data.get("call_id", "")
+                if e.kind == "approval_answered":
+                    answered[call_id] += 1
+                elif e.kind == "approval_refused":
+                    refused.add(call_id)
+                relaykit_own = e.data.get("timed_out") or (
+                    e.kind == "cancelled" and wid != run.handle.id and "by" not in e.data
+                )  # an approval timeout; a child cancelled as its parent ended or was cancelled
+                if not relaykit_own and e.data.get("by") != OPERATOR:
+                    self.out.violations.append(
+                        f"{wid}: {e.kind} event {e.seq} names no author: {e.data}"[:300]
+                    )
+            self.out.violations += [
+                f"{wid}: call {c} answered {n} times" for c, n in answered.items() if n > 1
+            ]
+            if wid == run.handle.id and run.status.startswith("failed"):
+                tail = ", ".join(
+                    f"{e.kind}{e.data if e.kind.startswith(('budget', 'error')) else ''}"
+                    for e in events[-8:]
+                )
+                self.out.notes.append(f"{wid} ended with events: {tail}"[:1500])
+            if wid == run.handle.id:
+                self.out.violations += [
+                    f"{wid}: the late answer to {c} was taken, but no approval_refused event"
+                    for c in sorted(run.signalled_late - refused)
+                ]
+
+    async def check_spend(self, run: Tracked, limits: list[float]) -> None:
+        """A budgeted run (its children included) never spends past the highest limit it had."""
+        state = await self.call("state", run.handle.state())
+        if isinstance(state, Exception) or state.budget is None:
+            return
+        self.out.budget_runs += 1
+        bound = max([*limits, state.budget.limit])
+        if state.usage.cost_usd > bound + 1e-9:
+            self.out.violations.append(
+                f"{run.handle.id}: spent ${state.usage.cost_usd:.6f}, past its highest limit "
+                f"${bound:.6f}"
+            )
+        events = await self.call("events", run.handle.events())
+        stopped = not isinstance(events, Exception) and any(
+            e.kind == "budget_reached" for e in events
+        )
+        self.out.budget_stops += stopped or run.status == "failed:BudgetExceeded"
+
+    async def check_children_budget(self, run: Tracked, tree: list[Any]) -> None:
+        """Once the run has ended, no child of it still waits for its parent's budget (a
+        parent that ended answers its asks; a child finds an ask to an ended parent
+        undeliverable)."""
+        from relaykit import get_run
+
+        children = {w for w, _rid, _events in tree if w != run.handle.id}
+        deadline = time.monotonic() + 15.0
+        while children:
+            waiting = set()
+            for wid in sorted(children):
+                child = get_run(self.client, wid)
+                if await self.closed(Tracked(child)):
+                    continue
+                state = await self.call("child state", child.state())
+                if not isinstance(state, Exception) and state.status == "waiting_parent_budget":
+                    waiting.add(wid)
+            if not waiting or time.monotonic() > deadline:
+                break
+            children = waiting
+            await asyncio.sleep(1.0)
+        else:
+            return
+        self.out.violations += [
+            f"{wid}: waits for its parent's budget after {run.handle.id} ended ({run.status})"
+            for wid in sorted(waiting)
+        ]
 
     async def cleanup(self) -> None:
         for run in self.runs:
@@ -480,11 +761,35 @@ def table(outcomes: list[Outcome]) -> str:
             "  completed / failed (typed) / cancelled",
             "{} / {} / {}".format(ended["completed"], ended["failed"], ended["cancelled"]),
         ),
+        *(
+            (f"  failed: {kind}", str(n))
+            for kind, n in sorted(
+                collections.Counter(
+                    s.split(":", 1)[1]
+                    for o in outcomes
+                    for s in o.ended.values()
+                    if s.startswith("failed:")
+                ).items()
+            )
+        ),
         ("actions", str(sum(v for k, v in actions.items()))),
         *(
             (f"  {kind}", str(actions[kind]))
             for kind in ("steer", "send", "pause", "approve", "deny", "fork", "cancel")
         ),
+        *(
+            (f"  answers by {mode}", str(actions[f"answer by {mode}"]))
+            for mode in ("update", "signal", "bulk", "race")
+        ),
+        ("  late answers (to a call answered already)", str(sum(o.late_answers for o in outcomes))),
+        *(
+            (f"  budget {kind}", str(actions[kind]))
+            for kind in ("raise", "set", "finish", "budget_cancel")
+        ),
+        ("  budget actions on a child run", str(actions["budget of a child"])),
+        ("budgeted runs (incl. forks)", str(sum(o.budget_runs for o in outcomes))),
+        ("  stopped at their limit", str(sum(o.budget_stops for o in outcomes))),
+        ("operator events checked for an author", str(sum(o.operator_events for o in outcomes))),
         ("kills (SIGKILL + restart)", str(actions["kill"])),
         ("deploys (changed definition)", str(actions["deploy"])),
         ("write starts", str(sum(o.writes for o in outcomes))),

@@ -8,7 +8,9 @@ process's environment, read at import:
 - ``CHAOS_FEATURES``: comma-separated parts of the agent graph: ``handoff`` (a second agent
   reached by a handoff whose ``on_handoff`` writes), ``agent_tool``, ``subagents``, ``mcp``
   (the docs MCP server of the tests, over stdio), ``summarize`` (summarize compaction with a
-  small window);
+  small window), ``budget`` (the model has a price, $1 per million tokens in and out, and a
+  call plans for at most 1000 output tokens, so that a run's dollar limit, given by the driver
+  at its start, is reached within a few turns);
 - ``CHAOS_VERSION``: the deployed definition; every version after the first changes the
   instructions and adds the ``audit`` tool, as a deploy of a changed module does;
 - ``CHAOS_LOG``: every tool and ``on_handoff`` start appends ``kind key`` here (the key is the
@@ -36,7 +38,9 @@ from relaykit import (
     HandoffArgs,
     HandoffCallbackInput,
     MCPServer,
+    ModelSettings,
     ModelSpec,
+    Price,
     Subagents,
     Tool,
     ToolContext,
@@ -135,7 +139,12 @@ def _model() -> ModelSpec:
         base_url=f"{os.environ.get('CHAOS_MODEL_URL', 'http://127.0.0.1:9')}/v1",
         heartbeat_timeout_seconds=5.0,
         timeout_seconds=30,
+        price=Price(input=1.0, output=1.0) if "budget" in FEATURES else None,
     )
+
+
+SETTINGS = ModelSettings(max_tokens=1000) if "budget" in FEATURES else None
+"""A budgeted run's calls plan for 1000 output tokens ($0.001) each."""
 
 
 def _instructions(role: str) -> str:
@@ -156,6 +165,7 @@ def build() -> list[Agent]:
         model=model,
         tools=[note],
         description="Answers side questions.",
+        model_settings=SETTINGS,
     )
     if "agent_tool" in FEATURES:
         tools.append(helper.as_tool(max_turns=6))
@@ -182,6 +192,7 @@ def build() -> list[Agent]:
         tools=list(tools),  # type: ignore[arg-type]
         subagents=subagents,
         description="Handles the hard cases.",
+        model_settings=SETTINGS,
     )
     handoffs = [Handoff(specialist, on_handoff=log_handoff)] if "handoff" in FEATURES else []
     chaos = Agent(
@@ -192,6 +203,7 @@ def build() -> list[Agent]:
         handoffs=handoffs,  # type: ignore[arg-type]
         subagents=subagents,
         context_policy=policy,
+        model_settings=SETTINGS,
     )
     return [chaos]
 

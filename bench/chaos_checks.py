@@ -101,6 +101,20 @@ def repeated_writes(log: Path) -> list[str]:
     ]
 
 
+def repeated_reads(log: Path) -> list[str]:
+    """Starts of the approval-gated read (``lookup``) seen more than once for one call: with no
+    worker killed or stopped, an answered approval runs its tool once, however many answers
+    raced for it."""
+    if not log.exists():
+        return []
+    starts = collections.Counter(
+        line.split(" ", 1)[1]
+        for line in log.read_text(encoding="utf-8").splitlines()
+        if line.startswith("lookup ")
+    )
+    return [f"lookup {key} started {n} times" for key, n in sorted(starts.items()) if n > 1]
+
+
 def write_starts(log: Path) -> int:
     if not log.exists():
         return 0

@@ -10,6 +10,11 @@ turn just finished. A steered-away or retried call therefore gets the same answe
 at turn N goes on with turn N+1 of the same plan, and a summary (which echoes the marks and
 every steer and send it read) keeps the count across compaction. Children (agent tools,
 subagents) are told apart by their task, which starts with ``CHILD-``.
+
+What was added after the first seeds were chosen (the ``budget`` feature, the budget actions,
+how each approval is answered) is drawn from a second stream of the seed
+(:func:`draw_fleet`), so an older seed still draws the same graph, steps and actions and
+only gains the new parts.
 """
 
 from __future__ import annotations
@@ -50,6 +55,19 @@ ACTION_WEIGHTS = {
 }
 CANCEL_CHANCE = 0.12
 
+BUDGET_CHANCE = 0.4
+"""Share of seeds whose run has a dollar limit (``Budget.max_usd``)."""
+BUDGET_ACTION_WEIGHTS = {"raise": 2.0, "set": 1.0, "finish": 1.5, "budget_cancel": 0.5}
+"""Operator actions on a run's dollar limit (``RunHandle.set_budget``), drawn only with the
+``budget`` feature: raise it, set it (sometimes below what was spent), ask for the best answer
+so far, or cancel the run at its limit (``relaykit budget --cancel``)."""
+APPROVAL_MODES = {"update": 3.0, "signal": 2.0, "bulk": 1.5, "race": 1.5}
+"""How an approval is answered: the ``approve`` update, ``approve(wait=False)`` (a signal),
+``bulk_approvals.answer_waiting`` for the run, or two answers at once (update and signal, or two
+signals, contradicting each other sometimes) of which only the first may stand."""
+LATE_ANSWER_CHANCE = 0.3
+"""How often an answered call is answered again later (it must be refused, with a type)."""
+
 TURN_MARK = re.compile(r"#T(\d+)\b")
 OPERATOR_MARK = re.compile(r"\b(?:STEER|SEND|FORK)-[0-9a-f]{8}\b")
 TASK_PREFIX = "TASK "
@@ -80,6 +98,11 @@ class Plan:
     approve_chance: float
     approve_seconds: tuple[float, float]
     tag: str = field(default="")
+    max_usd: float | None = None
+    """The run's dollar limit with the ``budget`` feature (USD; a call costs about $0.001)."""
+    on_limit: str = "pause"
+    approval_modes: dict[str, float] = field(default_factory=dict)
+    late_answer_chance: float = 0.0
 
     def describe(self) -> str:
         acts = " ".join(f"{a.kind}@{a.at}" for a in self.actions)
@@ -87,6 +110,7 @@ class Plan:
             f"seed {self.seed}: features [{','.join(self.features)}], "
             f"steps [{','.join(self.steps)}], can={self.continue_as_new_after_turns}, "
             f"actions [{acts}]"
+            + (f", max_usd={self.max_usd} on_limit={self.on_limit}" if self.max_usd else "")
         )
 
 
@@ -116,7 +140,7 @@ def draw(seed: int) -> Plan:
     if rng.random() < CANCEL_CHANCE:
         last = actions[-1].at if actions else 1
         actions.append(Action("cancel", last + rng.randint(0, 2), round(rng.uniform(0, 1), 2), 0))
-    return Plan(
+    plan = Plan(
         seed=seed,
         features=features,
         steps=tuple(steps),
@@ -126,6 +150,38 @@ def draw(seed: int) -> Plan:
         approve_chance=rng.choice((0.6, 0.8, 1.0)),
         approve_seconds=(0.1, rng.choice((0.5, 1.5, 3.0))),
         tag=f"s{seed}",
+    )
+    return draw_fleet(plan)
+
+
+def draw_fleet(plan: Plan) -> Plan:
+    """The parts drawn from the seed's second stream: a dollar limit and what happens at it,
+    budget actions among the others, and how approvals are answered."""
+    rng = random.Random(plan.seed * 104_729 + 17)
+    modes = {"approval_modes": APPROVAL_MODES, "late_answer_chance": LATE_ANSWER_CHANCE}
+    if rng.random() >= BUDGET_CHANCE:
+        return dataclasses.replace(plan, **modes)  # type: ignore[arg-type]
+    steps = len(plan.steps)
+    names = list(BUDGET_ACTION_WEIGHTS)
+    weights = list(BUDGET_ACTION_WEIGHTS.values())
+    extra = [
+        Action(
+            kind=rng.choices(names, weights)[0],
+            at=rng.randint(2, steps + 3),
+            wait=round(rng.uniform(0.0, 1.2), 2),
+            knob=rng.random(),
+        )
+        for _ in range(rng.randint(1, 3))
+    ]
+    cancel = [a for a in plan.actions if a.kind == "cancel"]  # a cancel stays the last action
+    actions = sorted([*(a for a in plan.actions if a.kind != "cancel"), *extra], key=lambda a: a.at)
+    return dataclasses.replace(
+        plan,
+        features=(*plan.features, "budget"),
+        actions=(*actions, *cancel),
+        max_usd=round(rng.uniform(0.0015, 0.008), 4),
+        on_limit=rng.choices(("pause", "finish", "fail"), (3.0, 1.5, 1.0))[0],
+        **modes,  # type: ignore[arg-type]
     )
 
 

@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 
-from relaykit import Agent, Budget, Price, RunFailed, Subagents, get_run, start_run
+from relaykit import Agent, Budget, Price, RunFailed, Subagents, get_run, start_run, tool
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, Step, call, text
 from tests.support import scripted_model, serving
 from tests.test_budgets import SMALL, look, priced_model, spend, wait_for_status
@@ -367,3 +367,71 @@ async def wait_for_continue_as_new(handle: Any, seen: int) -> None:
             await asyncio.sleep(0.2)
 
     await asyncio.wait_for(poll(), 30)
+
+
+async def test_a_child_refuses_a_raise_of_its_reservation_so_the_tree_keeps_the_roots_limit(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # A person raising a child's limit (its reservation of the parent's money) would let the
+    # child spend past the root's limit: the child never asks, and its real cost lands on the
+    # parent when it ends. The raise is refused with where to raise instead; asking the child
+    # for its best answer, or lowering its limit, is still taken.
+    @tool(needs_approval=True)
+    def gated(topic: str) -> str:
+        """Look a topic up once a person approves."""
+        return f"notes on {topic}"
+
+    sub_model, lead_model = priced_model(model_server), priced_model(model_server)
+
+    def digger_model(request: ScriptedRequest) -> Step:
+        if not request.tool_results:
+            return spend(100, call("gated", topic="start"))
+        return digging(6, 4000)(request)
+
+    model_server.respond(sub_model.name, digger_model)
+    model_server.script(
+        lead_model.name,
+        [
+            spend(100, call("spawn_subagent", prompt="dig")),
+            spend(100, call("wait_subagents", timeout_seconds=120)),
+            spend(100, text("done")),
+        ],
+    )
+    digger = Agent(name="digger", model=sub_model, tools=[gated, look], model_settings=SMALL)
+    lead = Agent(
+        name="lead",
+        model=lead_model,
+        model_settings=SMALL,
+        subagents=Subagents([digger], max_concurrent=1, max_turns=30, approvals="parent"),
+    )
+    async with serving(client, lead) as worker:
+        handle = await start_run(
+            client,
+            lead,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.01, on_limit="finish"),
+        )
+        child = get_run(client, f"{handle.id}/task-1")
+
+        async def pending() -> Any:
+            while not (waiting := await handle.pending_approvals()):
+                await asyncio.sleep(0.2)
+            return waiting
+
+        (waiting,) = await asyncio.wait_for(pending(), 60)
+        before = await child.state()
+        assert before.budget is not None
+        for change in ({"raise_by": 1.0}, {"max_usd": before.budget.limit + 1.0}):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await child.set_budget(**change, by="ana")
+            assert f"raise the limit of {handle.id}" in str(refused.value.cause)
+        lowered = await child.set_budget(before.budget.limit * 0.9, by="ana")
+        assert lowered.limit == pytest.approx(before.budget.limit * 0.9)
+        await handle.approve(waiting.call_id, by="ana")
+        result = await asyncio.wait_for(handle.result(), 90)
+        child_events = await child.events()
+    assert result.output == "done"
+    assert result.usage.cost_usd <= 0.01
+    changes = [e.data for e in child_events if e.kind == "budget_changed"]
+    assert [c["by"] for c in changes] == ["ana"]  # the lowering only

@@ -1,13 +1,17 @@
 """The fuzzer of operator actions and faults, on a fixed set of seeds (``bench/chaos.py``).
 
 Each seed draws an agent graph (handoffs with ``on_handoff``, an agent tool, subagents, an MCP
-tool, approval-gated tools, summarize compaction, continue-as-new) and a schedule of steers,
-sends, pauses, approvals and denials, forks, a cancel, SIGKILLed and restarted workers and
-deploys of a changed definition, against real worker processes and the session's dev server.
-Every run must end within a bound once the actions stop, with no workflow task failure anywhere,
-no write started twice, every fork starting from the original's request at its turn and every
-steer reaching the model once. A failing seed is reported with what broke and the command that
-runs it alone; ``python -m bench.chaos --runs N --seed S`` runs more seeds (bench/README.md).
+tool, approval-gated tools, summarize compaction, continue-as-new, a dollar limit with its
+``on_limit``) and a schedule of steers, sends, pauses, approvals and denials (by the update, by
+signal, in bulk, racing each other, and again once answered), forks, a cancel, SIGKILLed and
+restarted workers, deploys of a changed definition and budget changes (raise, set, finish,
+cancel at the limit), against real worker processes and the session's dev server. Every run
+must end within a bound once the actions stop, with no workflow task failure anywhere, no write
+started twice, every fork starting from the original's request at its turn, every steer
+reaching the model once, no spend past the highest limit a run had, every operator event naming
+its author, no child left waiting for an ended parent's budget and every call answered once. A
+failing seed is reported with what broke and the command that runs it alone; ``python -m
+bench.chaos --runs N --seed S`` runs more seeds (bench/README.md).
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from bench.chaos import run_seeds, table
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer
 
-SEEDS = [5, 9, 18, 20, 24, 48]
-"""Chosen to cover every part of the graph and every kind of action between them (see
-``bench.chaos_model.draw``): 5 deploys, forks, steers and cancels a run that continues as new;
-9 kills and forks a handoff run with an agent tool, subagents and summaries; 18 kills and
-deploys a handoff run with subagents, MCP and summaries; 20 deploys, forks, kills and steers a
-summarizing run; 24 does every action but cancel on a summarizing run with subagents; 48 kills,
-forks, pauses and cancels with an agent tool and MCP."""
+SEEDS = [18, 24, 48, 82, 106, 386]
+"""Chosen to cover every part of the graph, every kind of action and every ``on_limit`` between
+them (see ``bench.chaos_model.draw``): 18 kills and deploys a handoff run with subagents, MCP and
+summaries; 24 does every action but cancel on a summarizing run with subagents; 48 kills, forks,
+pauses and cancels with an agent tool and MCP; 82 pauses and cancels at its limit a budgeted
+handoff run with an agent tool that finishes at its limit; 106 steers, raises and pauses a
+budgeted run with subagents that fails at its limit and continues as new; 386 sets the limit,
+asks for the best answer, kills and forks a budgeted MCP run that waits at its limit."""
 CONCURRENCY = 2
 
 
@@ -43,3 +48,7 @@ async def test_fixed_seeds_of_operator_actions_and_faults_keep_every_run_safe(
     assert not failing, "\n\n".join(failing)
     assert sum(o.actions["kill"] for o in outcomes) > 0
     assert sum(len(o.ended) for o in outcomes) > len(SEEDS)  # forks ran too
+    assert sum(o.budget_runs for o in outcomes) > 0
+    assert sum(o.operator_events for o in outcomes) > 0
+    by_signal = ("answer by signal", "answer by bulk", "answer by race")
+    assert sum(o.actions[mode] for o in outcomes for mode in by_signal) > 0

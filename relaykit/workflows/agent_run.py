@@ -305,6 +305,18 @@ class AgentRun:
             raise ValueError("say what to change: max_usd, raise_by or finish")
         if change.max_usd is not None and change.raise_by is not None:
             raise ValueError("give max_usd or raise_by, not both")
+        parent = self._loop.run_state.input.budget_from
+        raises = change.raise_by is not None or (
+            change.max_usd is not None and change.max_usd > state.spend.limit
+        )
+        if parent and raises:
+            # A child's limit is what its parent holds for it: more would be spent past the
+            # root's limit without the parent knowing, the child never asking for it.
+            raise ValueError(
+                f"this run's dollar limit is what its parent {parent} reserved for it: raise "
+                f"the limit of {parent} instead (or of the root of the tree, if {parent} is a "
+                "child too); lowering it or asking for the best answer (finish) is taken"
+            )
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 
