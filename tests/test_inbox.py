@@ -548,11 +548,12 @@ def chromium() -> str:
     return CHROMIUM
 
 
-async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_reason_in_a_browser(
+async def test_a_person_signs_in_approves_one_call_rejects_another_and_approves_a_selection_in_a_browser(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, inbox: Inbox, chromium: str
 ) -> None:
-    # Sign in with the token form, approve one call, reject another with a reason: the runs
-    # finish, the approved tool ran once, the rejected one never, and the model read the reason.
+    # Sign in with the token form, approve one call, reject another with a reason, approve the
+    # last one ticked with "Approve selected": the runs finish, each approved tool ran once,
+    # the rejected one never, and the model read the reason.
     from playwright.async_api import async_playwright
 
     invocations: list[str] = []
@@ -598,13 +599,19 @@ async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_re
                 assert opened is not None and opened.status == 200
                 assert other.url == inbox.url + "/"  # the token leaves the address bar
                 assert await other.locator(f'tr[data-run="{front.id}"]').count() == 1
+
+                # Tick the last call and approve the selection (the bulk path).
+                await other.locator(f'tr[data-run="{front.id}"] input[name=pick]').check()
+                await other.get_by_role("button", name="Approve selected").click()
+                await other.wait_for_selector("text=approved 1 of 1 selected call")
+                assert await other.locator(f'tr[data-run="{front.id}"]').count() == 0
             finally:
                 await browser.close()
-        results = [await billing.result(), await ops.result()]
-        await front.cancel()
-    assert invocations == ["refund A-1"]
+        results = [await billing.result(), await ops.result(), await front.result()]
+    assert sorted(invocations) == ["refund A-1", "wire 70"]
     assert results[0].output.startswith("billing: refunded 30")
     assert "the db is mid-migration" in results[1].output
+    assert results[2].output.startswith("front: ")
 
 
 async def test_the_api_lists_a_run_waiting_at_its_dollar_limit_with_its_spend_and_limit(
