@@ -259,6 +259,91 @@ async def test_inbox_lists_calls_of_several_agents_and_a_childs_call_once_and_de
     assert results[2].output.startswith("front: ")
 
 
+async def test_calls_selected_in_the_inbox_are_answered_together_each_checked_and_recorded_with_its_author(  # noqa: E501
+    client: Client, model_server: ScriptedModelServer, inbox: Inbox
+) -> None:
+    # "Approve selected" (the API and the page's form): each ticked call checked against what
+    # its run waits for, answered by a signal carrying who decided; one outcome per call.
+    import re
+
+    from relaykit.authors import current_user
+
+    invocations: list[str] = []
+    agents = desks(model_server, invocations)
+    async with serving(client, list(agents)) as worker, httpx.AsyncClient(timeout=30) as http:
+        billing, ops, front = await start_desks(client, worker.task_queue, agents)
+        ids = {billing.id, ops.id, front.id}
+
+        async def three() -> list[dict[str, Any]] | None:
+            items = await pending_of(http, inbox, ids)
+            return items if len(items) == 3 else None
+
+        items = {item["run_id"]: item for item in await eventually(three, "three waiting calls")}
+
+        async def post(body: Any) -> httpx.Response:
+            url = f"{inbox.url}/api/decide-selected"
+            return await http.post(url, json=body, headers=inbox.auth)
+
+        for malformed in (
+            {"calls": [], "approve": True},
+            {"calls": [{"run_id": billing.id}], "approve": True},
+            {"calls": [{"run_id": billing.id, "call_id": "c"}], "approve": "yes"},
+            {"calls": [{"run_id": billing.id, "call_id": "c"}], "approve": True, "by": "x" * 201},
+        ):
+            response = await post(malformed)
+            assert response.status_code == 400, malformed
+            assert "error" in response.json()
+        picks = [
+            {"run_id": billing.id, "call_id": items[billing.id]["call_id"]},
+            {"run_id": front.id, "call_id": items[front.id]["call_id"]},  # a child's call
+            {"run_id": billing.id, "call_id": items[ops.id]["call_id"]},  # ops' call, wrong run
+            {"run_id": "no-such-run", "call_id": "call_x"},
+        ]
+        response = await post({"calls": picks, "approve": True, "by": "dora"})
+        assert response.status_code == 200, response.text
+        outcomes = response.json()
+        assert [(o["run_id"], o["call_id"], o["status"]) for o in outcomes] == [
+            (p["run_id"], p["call_id"], status)
+            for p, status in zip(
+                picks, ["answered", "answered", "not_waiting", "not_waiting"], strict=True
+            )
+        ]
+        results = [await billing.result(), await front.result()]
+        again = await post({"calls": picks[:1], "approve": True})
+        assert again.json()[0]["status"] == "not_waiting"  # closed now: nothing sent
+
+        # The page's form: the ops call ticked, rejected with a reason, by the inbox's user.
+        page = await http.get(f"{inbox.url}/", headers=inbox.auth)
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf is not None
+        picked = re.search(rf'name="pick" form="selected" value="([^"]*{ops.id}[^"]*)"', page.text)
+        assert picked is not None
+        form = await http.post(
+            f"{inbox.url}/decide-selected",
+            headers=inbox.auth,
+            data={
+                "csrf": csrf.group(1),
+                "pick": picked.group(1).replace("&quot;", '"'),
+                "decision": "reject",
+                "reason": "not during business hours",
+            },
+        )
+        assert form.status_code == 303
+        assert "rejected+1+of+1+selected+call" in form.headers["location"].replace("%20", "+")
+        ops_result = await ops.result()
+        answers = {
+            handle.id: [e.data for e in await handle.events() if e.kind == "approval_answered"]
+            for handle in (billing, ops, front)
+        }
+    assert sorted(invocations) == ["refund A-1", "wire 70"]
+    assert results[0].output.startswith("billing: refunded 30")
+    assert results[1].output.startswith("front: ")
+    assert "not during business hours" in ops_result.output
+    assert [a["by"] for a in answers[billing.id]] == ["dora"]
+    assert [a["by"] for a in answers[front.id]] == ["dora"]
+    assert [(a["by"], a["approved"]) for a in answers[ops.id]] == [(current_user(), False)]
+
+
 async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox) -> None:
     # With RELAYKIT_INBOX_AUTH set: no header, a wrong header or a forged cookie gets 401.
     async with httpx.AsyncClient(timeout=10, follow_redirects=False) as http:
@@ -269,6 +354,8 @@ async def test_every_inbox_route_refuses_requests_without_the_token(inbox: Inbox
                 ("GET", "/api/budgets"),
                 ("POST", "/api/decide"),
                 ("POST", "/decide"),
+                ("POST", "/api/decide-selected"),
+                ("POST", "/decide-selected"),
                 ("GET", "/nowhere"),
                 ("GET", "/decide"),
             ):
@@ -451,11 +538,12 @@ def chromium() -> str:
     return CHROMIUM
 
 
-async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_reason_in_a_browser(
+async def test_a_person_signs_in_approves_one_call_rejects_another_and_approves_a_selection_in_a_browser(  # noqa: E501
     client: Client, model_server: ScriptedModelServer, inbox: Inbox, chromium: str
 ) -> None:
-    # Sign in with the token form, approve one call, reject another with a reason: the runs
-    # finish, the approved tool ran once, the rejected one never, and the model read the reason.
+    # Sign in with the token form, approve one call, reject another with a reason, approve the
+    # last one ticked with "Approve selected": the runs finish, each approved tool ran once,
+    # the rejected one never, and the model read the reason.
     from playwright.async_api import async_playwright
 
     invocations: list[str] = []
@@ -501,13 +589,19 @@ async def test_a_person_signs_in_approves_one_call_and_rejects_another_with_a_re
                 assert opened is not None and opened.status == 200
                 assert other.url == inbox.url + "/"  # the token leaves the address bar
                 assert await other.locator(f'tr[data-run="{front.id}"]').count() == 1
+
+                # Tick the last call and approve the selection (the bulk path).
+                await other.locator(f'tr[data-run="{front.id}"] input[name=pick]').check()
+                await other.get_by_role("button", name="Approve selected").click()
+                await other.wait_for_selector("text=approved 1 of 1 selected call")
+                assert await other.locator(f'tr[data-run="{front.id}"]').count() == 0
             finally:
                 await browser.close()
-        results = [await billing.result(), await ops.result()]
-        await front.cancel()
-    assert invocations == ["refund A-1"]
+        results = [await billing.result(), await ops.result(), await front.result()]
+    assert sorted(invocations) == ["refund A-1", "wire 70"]
     assert results[0].output.startswith("billing: refunded 30")
     assert "the db is mid-migration" in results[1].output
+    assert results[2].output.startswith("front: ")
 
 
 async def test_the_api_lists_a_run_waiting_at_its_dollar_limit_with_its_spend_and_limit(

@@ -10,6 +10,9 @@ Routes:
   worker serves the run;
 - ``GET /api/budgets``: root runs waiting at their dollar limit (``budget_reached``) as JSON,
   each with what it spent and its limit (``relaykit budget RUN --raise …`` goes on with it);
+- ``POST /decide-selected`` (the page's "approve selected") and ``POST /api/decide-selected``
+  ``{calls: [{run_id, call_id}], approve, reason?, by?}``: many calls at once on the bulk path
+  (:func:`relaykit.inbox.pending.decide_selected`), 200 with one outcome per call;
 - ``GET /signin?token=…`` (the link ``relaykit inbox`` prints) and ``POST /signin`` (the form).
 
 While Temporal is unreachable, every route that asks it answers 503 (with ``Retry-After``): the
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import secrets
 import time
@@ -44,10 +48,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from relaykit.authors import InvalidAuthor, author
+from relaykit.bulk_approvals import ANSWERED, BulkAnswer
 from relaykit.inbox.page import (
     UNREACHABLE_RETRY_SECONDS,
     render_inbox,
@@ -55,10 +61,12 @@ from relaykit.inbox.page import (
     render_unreachable,
 )
 from relaykit.inbox.pending import (
+    MAX_SELECTED,
     DecideError,
     InboxListing,
     RecentlyDecided,
     decide,
+    decide_selected,
     list_pending,
 )
 
@@ -155,6 +163,63 @@ class DecideBody(BaseModel):
     call_id: str
     approve: bool
     reason: str | None = None
+
+
+class PickedCall(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    run_id: str = Field(min_length=1)
+    call_id: str = Field(min_length=1)
+
+
+class DecideSelectedBody(BaseModel):
+    """``POST /api/decide-selected``'s body: the calls, one decision for all, who decided
+    (default: the inbox's user, as for the page's decisions)."""
+
+    model_config = ConfigDict(strict=True)
+
+    calls: list[PickedCall] = Field(min_length=1, max_length=MAX_SELECTED)
+    approve: bool
+    reason: str | None = None
+    by: str | None = None
+
+
+def picked_value(run_id: str, call_id: str) -> str:
+    """A page checkbox's value: the pair, as JSON (ids may hold any character)."""
+    return json.dumps([run_id, call_id])
+
+
+def _picked(values: list[Any]) -> list[tuple[str, str]] | None:
+    """The pairs of the ticked checkboxes, or ``None`` when one is not a pair of ids."""
+    picks = []
+    for value in values:
+        try:
+            pair = json.loads(value) if isinstance(value, str) else None
+        except ValueError:
+            return None
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(part, str) and part for part in pair)
+        ):
+            return None
+        picks.append((pair[0], pair[1]))
+    return picks
+
+
+def selected_notice(answers: list[BulkAnswer], approve: bool) -> tuple[str, bool]:
+    """One line for the page: how many were answered, and each call that was not, with why."""
+    verb = "approved" if approve else "rejected"
+    done = [answer for answer in answers if answer.status == ANSWERED]
+    notice = f"{verb} {len(done)} of {len(answers)} selected call{'s' if len(answers) != 1 else ''}"
+    missed = [
+        f"{answer.call_id} in {answer.run_id} ({answer.detail or answer.status})"
+        for answer in answers
+        if answer.status != ANSWERED
+    ]
+    if missed:
+        notice += "; not answered: " + "; ".join(missed)
+    return notice, bool(missed)
 
 
 def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
@@ -324,6 +389,52 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
             back["notice"] = f"{verb} {done.tool} ({done.call_id}) in {done.run_id}{because}"
         return secured(RedirectResponse("./?" + urlencode(back, quote_via=quote), status_code=303))
 
+    async def decide_selected_form(request: Request) -> Response:
+        refused = page_refused(request)
+        if refused is not None:
+            return refused
+        form = await request.form()
+        csrf = form.get("csrf")
+        if not auth.csrf_ok(csrf if isinstance(csrf, str) else None):
+            return secured(
+                HTMLResponse("the form's CSRF token is missing or wrong; reload the page", 403)
+            )
+        back: dict[str, str] = {}
+        query = form.get("q")
+        if isinstance(query, str) and query:
+            back["q"] = query
+        decision = form.get("decision")
+        picks = _picked(form.getlist("pick"))
+        if decision not in ("approve", "reject") or picks is None or len(picks) > MAX_SELECTED:
+            return secured(
+                HTMLResponse("a decision needs approve or reject and the selected calls", 400)
+            )
+        if not picks:
+            back.update(notice="no call selected", error="1")
+            return secured(
+                RedirectResponse("./?" + urlencode(back, quote_via=quote), status_code=303)
+            )
+        reason = form.get("reason")
+        answers = await decide_selected(
+            client,
+            picks,
+            approve=decision == "approve",
+            reason=reason if isinstance(reason, str) and reason.strip() else None,
+        )
+        answered(answers)
+        notice, missed = selected_notice(answers, decision == "approve")
+        back["notice"] = notice[:500]
+        if missed:
+            back["error"] = "1"
+        return secured(RedirectResponse("./?" + urlencode(back, quote_via=quote), status_code=303))
+
+    def answered(answers: list[BulkAnswer]) -> None:
+        """Hide the answered calls from the next listings (the runs catch up a moment later)."""
+        for answer in answers:
+            if answer.status == ANSWERED:
+                recent.add(answer.run_id, answer.call_id)
+        forget_listing()
+
     async def api_pending(request: Request) -> Response:
         refused = api_refused(request)
         if refused is not None:
@@ -352,17 +463,9 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         return secured(JSONResponse([wait.model_dump() for wait in current.budgets]))
 
     async def api_decide(request: Request) -> Response:
-        refused = api_refused(request)
+        refused = api_post_refused(request)
         if refused is not None:
             return refused
-        if (
-            auth.authorization is not None
-            and not auth.by_header(request.headers)
-            and not auth.csrf_ok(request.headers.get(CSRF_HEADER))
-        ):
-            return secured(JSONResponse({"error": f"a cookie needs the {CSRF_HEADER} header"}, 403))
-        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            return secured(JSONResponse({"error": "send the body as application/json"}, 400))
         try:
             body = DecideBody.model_validate_json(await request.body())
         except ValidationError as exc:
@@ -384,6 +487,48 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         recent.add(body.run_id, body.call_id)
         forget_listing()
         return secured(JSONResponse(done.model_dump()))
+
+    async def api_decide_selected(request: Request) -> Response:
+        refused = api_post_refused(request)
+        if refused is not None:
+            return refused
+        try:
+            body = DecideSelectedBody.model_validate_json(await request.body())
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
+                for error in exc.errors()
+            )
+            expected = "{calls: [{run_id, call_id}], approve, reason?, by?}"
+            return secured(JSONResponse({"error": f"expected {expected}: {problems}"}, 400))
+        try:
+            by = author(body.by)
+        except InvalidAuthor as exc:
+            return secured(JSONResponse({"error": str(exc)}, 400))
+        answers = await decide_selected(
+            client,
+            [(call.run_id, call.call_id) for call in body.calls],
+            approve=body.approve,
+            reason=body.reason,
+            by=by,
+        )
+        answered(answers)
+        return secured(JSONResponse([answer.model_dump() for answer in answers]))
+
+    def api_post_refused(request: Request) -> Response | None:
+        """A JSON post's checks: who asks, the CSRF header with a cookie, the content type."""
+        refused = api_refused(request)
+        if refused is not None:
+            return refused
+        if (
+            auth.authorization is not None
+            and not auth.by_header(request.headers)
+            and not auth.csrf_ok(request.headers.get(CSRF_HEADER))
+        ):
+            return secured(JSONResponse({"error": f"a cookie needs the {CSRF_HEADER} header"}, 403))
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return secured(JSONResponse({"error": "send the body as application/json"}, 400))
+        return None
 
     async def temporal_failed(request: Request, exc: Exception) -> Response:
         """Temporal down or refusing: a 503 saying so (a page that retries by itself, or JSON
@@ -418,11 +563,13 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
     routes: list[Route] = [
         Route("/", page, methods=["GET"]),
         Route("/decide", decide_form, methods=["POST"]),
+        Route("/decide-selected", decide_selected_form, methods=["POST"]),
         Route("/signin", sign_in_link, methods=["GET"]),
         Route("/signin", sign_in_form, methods=["POST"]),
         Route("/api/pending", api_pending, methods=["GET"]),
         Route("/api/budgets", api_budgets, methods=["GET"]),
         Route("/api/decide", api_decide, methods=["POST"]),
+        Route("/api/decide-selected", api_decide_selected, methods=["POST"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         404: not_found,

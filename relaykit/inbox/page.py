@@ -31,15 +31,20 @@ form.decide{display:flex;gap:.3rem;flex-wrap:wrap} form.decide input[name=reason
 button{cursor:pointer} .path{color:#555;font-size:12px}
 """
 
-# Reload unless someone is typing: a focused field or a reason typed but not sent yet.
+# Reload unless someone is typing or choosing: a focused field, a reason typed but not sent
+# yet, a call ticked for "approve selected". The header's box ticks every row shown.
 _SCRIPT = """
 setInterval(function () {
   var active = document.activeElement;
   if (active && (active.tagName === "INPUT" || active.tagName === "TEXTAREA")) return;
   var typed = Array.prototype.some.call(
     document.querySelectorAll("input[name=reason]"), function (i) { return i.value !== ""; });
-  if (!typed) location.reload();
+  if (!typed && !document.querySelector("input[name=pick]:checked")) location.reload();
 }, %d);
+var all = document.getElementById("pick-all");
+if (all) all.addEventListener("change", function () {
+  document.querySelectorAll("input[name=pick]").forEach(function (i) { i.checked = all.checked; });
+});
 """
 
 
@@ -76,8 +81,11 @@ def _arguments_cell(item: InboxItem) -> str:
 def _row(item: InboxItem, csrf: str, now: datetime, query: str) -> str:
     path = " / ".join(item.run_path)
     reason = f'<div class="warn">{escape(item.reason)}</div>' if item.reason else ""
+    picked = json.dumps([item.run_id, item.call_id])
     return (
         f'<tr data-run="{escape(item.run_id)}" data-call="{escape(item.call_id)}">'
+        f'<td><input type="checkbox" name="pick" form="selected" value="{escape(picked)}" '
+        f'aria-label="select {escape(item.tool)} ({escape(item.call_id)})"></td>'
         f'<td><a href="{escape(item.ui_url)}" target="_blank" rel="noopener noreferrer">'
         f"{escape(item.run_id)}</a>"
         f'<div class="path">{escape(path)}</div></td>'
@@ -97,6 +105,21 @@ def _row(item: InboxItem, csrf: str, now: datetime, query: str) -> str:
         'aria-label="reason">'
         '<button type="submit" name="decision" value="reject">Reject</button>'
         "</form></td></tr>"
+    )
+
+
+def _selected_form(csrf: str, query: str) -> str:
+    """ "Approve selected": the rows' checkboxes belong to this form (their ``form=``), so it
+    works without script; one decision and reason for every ticked call."""
+    return (
+        '<form id="selected" class="decide" method="post" action="decide-selected">'
+        f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
+        f'<input type="hidden" name="q" value="{escape(query)}">'
+        '<button type="submit" name="decision" value="approve">Approve selected</button>'
+        '<input type="text" name="reason" placeholder="reason for the selected (read by the '
+        'model)" aria-label="reason for the selected">'
+        '<button type="submit" name="decision" value="reject">Reject selected</button>'
+        "</form>"
     )
 
 
@@ -145,7 +168,9 @@ def render_inbox(
     )
     rows = "".join(_row(item, csrf, now, query) for item in shown)
     table = (
-        "<table><thead><tr><th>Run</th><th>Agent</th><th>Tool</th><th>Arguments</th>"
+        _selected_form(csrf, query) + "<table><thead><tr>"
+        '<th><input type="checkbox" id="pick-all" aria-label="select every call shown"></th>'
+        "<th>Run</th><th>Agent</th><th>Tool</th><th>Arguments</th>"
         f"<th>Age</th><th>Decision</th></tr></thead><tbody>{rows}</tbody></table>"
         if shown
         else "<p>Nothing waits for a person.</p>"

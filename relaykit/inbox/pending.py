@@ -34,7 +34,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from relaykit.bulk_approvals import waiting_runs_query
+from relaykit.bulk_approvals import BulkAnswer, answer_waiting, waiting_runs_query
 from relaykit.client import DEFAULT_TASK_QUEUE, get_run, task_queue_has_worker
 from relaykit.runs import PendingApproval, RunEvent
 from relaykit.search_attributes import eval_registered
@@ -322,6 +322,30 @@ async def decide(
     return Decided(
         run_id=run_id, call_id=call_id, tool=answered.tool, approved=approve, reason=reason, by=by
     )
+
+
+MAX_SELECTED = DEFAULT_LIMIT
+"""Calls one "approve selected" answers at most (a page lists at most this many runs)."""
+
+
+async def decide_selected(
+    client: Client,
+    picks: list[tuple[str, str]],
+    *,
+    approve: bool,
+    reason: str | None = None,
+    by: str | None = None,
+) -> list[BulkAnswer]:
+    """Answer the calls a person ticked, ``(run_id, call_id)`` each, on the bulk path
+    (:func:`relaykit.bulk_approvals.answer_waiting`): a ``describe`` per run checks the call
+    still waits (``RelayWaitingCalls``, no worker asked), then a signal carries the decision
+    with ``by``. A hundred ticked calls cost a hundred signals, not a hundred workflow tasks
+    waited for in turn; the run still validates each answer and records one that comes too
+    late as ``approval_refused``. One answer per pick, in the picks' order."""
+    unique = list(dict.fromkeys(picks))
+    answers = await answer_waiting(client, approved=approve, reason=reason, by=by, picks=unique)
+    by_pick = {(answer.run_id, answer.call_id): answer for answer in answers}
+    return [by_pick[pick] for pick in unique]
 
 
 class RecentlyDecided:
