@@ -28,7 +28,7 @@ from relaykit.devserver import DevServer
 from relaykit.messages import Message
 from relaykit.payload_storage import StoreDriver, with_external_storage
 from relaykit.runs import RunResult, RunState
-from relaykit.storage import InvalidKey, Store, StoreError, scope_for
+from relaykit.storage import INLINE_WRITE_BYTES, InvalidKey, Store, StoreError, scope_for
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.transcripts import TranscriptNotFound, TranscriptStore
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
@@ -148,6 +148,30 @@ async def test_many_concurrent_saves_of_one_digest_all_succeed(tmp_path: Path) -
 
     await asyncio.gather(*(save_many(s) for s in stores))
     assert await TranscriptStore(tmp_path / "store").load_static("r", digest) == part
+    assert not [p for p in stored_files(tmp_path) if p.name.endswith(".tmp")]
+
+
+async def test_a_small_local_write_stays_on_the_event_loop_and_a_large_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A transcript node is written where the model call runs (a thread hop cost more than the
+    # write); an object past INLINE_WRITE_BYTES is written on a thread, so the loop never waits.
+    store = Store(tmp_path / "store")
+    threads: dict[str, int] = {}
+    write = store._put_local
+
+    def recorded(key: str, data: bytes) -> None:
+        threads[key] = threading.get_ident()
+        write(key, data)
+
+    monkeypatch.setattr(store, "_put_local", recorded)
+    small, large = b'{"n": 1}', b"x" * (INLINE_WRITE_BYTES + 1)
+    await store.put("runs/r/t/ab/small", small)
+    await store.put("runs/r/t/ab/large", large)
+    assert threads["runs/r/t/ab/small"] == threading.get_ident()
+    assert threads["runs/r/t/ab/large"] != threading.get_ident()
+    assert await store.get("runs/r/t/ab/small") == small
+    assert await store.get("runs/r/t/ab/large") == large
     assert not [p for p in stored_files(tmp_path) if p.name.endswith(".tmp")]
 
 
