@@ -27,10 +27,12 @@ from typing import Any, Literal, overload
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import (
+    CompositePayloadConverter,
     DataConverter,
     DefaultFailureConverter,
     DefaultFailureConverterWithEncodedAttributes,
     DefaultPayloadConverter,
+    EncodingPayloadConverter,
     PayloadCodec,
 )
 
@@ -90,13 +92,46 @@ def codec_from_env(env: Mapping[str, str] | None = None) -> PayloadCodec | None:
     return load_codec(spec) if spec else None
 
 
+_shared_encodings: tuple[EncodingPayloadConverter, ...] = ()
+
+
+class SharedPydanticPayloadConverter(PydanticPayloadConverter):
+    """Temporal's pydantic payload conversion, with one set of encoding converters per process.
+
+    A worker builds a payload converter for every workflow run it holds in its cache, and
+    Temporal's pydantic converter builds its encoders anew each time, each with its own cache of
+    pydantic type adapters, filled again by every run: about 10 kB of every waiting run's memory
+    (bench/README.md, issue 34). The encoders keep no state of a run (a type adapter depends
+    only on its type, and the cache is bounded), so every instance of this class uses the same
+    ones. It converts exactly as :class:`PydanticPayloadConverter` does.
+    """
+
+    def __init__(self) -> None:
+        global _shared_encodings
+        if not _shared_encodings:
+            _shared_encodings = tuple(PydanticPayloadConverter().converters.values())
+        CompositePayloadConverter.__init__(self, *_shared_encodings)
+
+
+def shared_payload_conversion(converter: DataConverter) -> DataConverter:
+    """``converter`` with :class:`SharedPydanticPayloadConverter` where it has Temporal's own
+    pydantic payload converter (which converts the same); any other class is kept."""
+    if converter.payload_converter_class is PydanticPayloadConverter:
+        return dataclasses.replace(
+            converter, payload_converter_class=SharedPydanticPayloadConverter
+        )
+    return converter
+
+
 def compose_data_converter(
     data_converter: DataConverter | None = None, codec: PayloadCodec | None = None
 ) -> DataConverter:
     """relaykit's data converter, keeping what the caller configured.
 
     relaykit's payloads are pydantic models, so a converter with Temporal's default payload
-    conversion gets pydantic conversion instead; a custom payload converter class is kept (it
+    conversion gets pydantic conversion instead, and one with Temporal's pydantic conversion
+    gets the same conversion with encoders shared per process
+    (:class:`SharedPydanticPayloadConverter`); a custom payload converter class is kept (it
     must handle pydantic models). The caller's codec, failure converter and external storage
     are kept. ``codec`` adds a codec; giving a different one in ``data_converter`` too is an
     error rather than a silent choice. With a codec and the default failure converter, failure
@@ -109,8 +144,8 @@ def compose_data_converter(
             hint="pass one of them",
         )
     changes: dict[str, Any] = {}
-    if base.payload_converter_class is DefaultPayloadConverter:
-        changes["payload_converter_class"] = PydanticPayloadConverter
+    if base.payload_converter_class in (DefaultPayloadConverter, PydanticPayloadConverter):
+        changes["payload_converter_class"] = SharedPydanticPayloadConverter
     if codec is not None:
         changes["payload_codec"] = codec
     if (

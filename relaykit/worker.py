@@ -28,6 +28,7 @@ from relaykit.activities.heartbeats import AttemptHeartbeats
 from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
+from relaykit.codec import shared_payload_conversion
 from relaykit.graph import AgentGraph
 from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model_queue, parse_limits
 from relaykit.models.spec import ModelSpec, parse_model
@@ -156,10 +157,14 @@ class Worker:
             self.store = store.with_codec(codec) if store.codec is None else store
         else:
             self.store = Store(store or transcript_dir, codec=codec)
-        if client.data_converter.external_storage is None:
-            # Large payloads go to the store instead of failing at Temporal's 2 MB limit.
+        # Large payloads go to the store instead of failing at Temporal's 2 MB limit, and the
+        # payload converter every cached run builds shares its encoders with the others.
+        converter = shared_payload_conversion(
+            with_external_storage(client.data_converter, self.store)
+        )
+        if converter is not client.data_converter:
             config = client.config()
-            config["data_converter"] = with_external_storage(client.data_converter, self.store)
+            config["data_converter"] = converter
             client = Client(**config)
         self.client = client
         self.max_tool_result_bytes = (
