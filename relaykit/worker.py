@@ -28,10 +28,10 @@ from relaykit.activities.heartbeats import AttemptHeartbeats
 from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
-from relaykit.codec import shared_payload_conversion
 from relaykit.graph import AgentGraph
 from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model_queue, parse_limits
 from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.payload_conversion import shared_payload_conversion
 from relaykit.payload_storage import with_external_storage
 from relaykit.search_attributes import (
     cost_registered,

@@ -12,12 +12,9 @@ from datetime import UTC, datetime
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter
 
-from relaykit.codec import (
-    SharedPydanticPayloadConverter,
-    compose_data_converter,
-    shared_payload_conversion,
-)
+from relaykit.codec import compose_data_converter
 from relaykit.messages import Message, ModelResponse, ToolCall, Usage
+from relaykit.payload_conversion import SharedPydanticPayloadConverter, shared_payload_conversion
 from relaykit.runs import RunEvent, RunInput, RunState, share_field_sets
 
 
