@@ -12,7 +12,7 @@ e.g. ``temporal workflow start --type AgentRun --task-queue relaykit
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -96,11 +96,12 @@ class Budget(BaseModel):
 
 
 _EVERY_FIELD: dict[type[BaseModel], set[str]] = {}
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
-def share_field_sets(model: BaseModel) -> None:
+def share_field_sets(model: _Model) -> _Model:
     """Give ``model`` and the models it holds one set of given field names per class, where
-    every field was given.
+    every field was given; returns ``model``.
 
     Pydantic keeps a set of the field names given for each instance. A model decoded from JSON
     (every field is in the JSON) or built with all its fields holds one with every name: 2.3 kB
@@ -128,6 +129,7 @@ def share_field_sets(model: BaseModel) -> None:
             for item in value.values():
                 if isinstance(item, BaseModel):
                     share_field_sets(item)
+    return model
 
 
 class RunEvent(BaseModel):

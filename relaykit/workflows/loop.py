@@ -153,8 +153,7 @@ class TurnLoop:
             run.end_if_agent_gone()  # what it answered would be decided by today's code
             message = response.message.model_copy(update={"agent": agent.name})
             calls, message, corrected = self.tools.check(message)
-            share_field_sets(message)  # decoded from JSON: every field given
-            state.transcript.append(message)
+            state.transcript.append(share_field_sets(message))  # every field given, in JSON
             if not corrected:
                 run.transport.after_response(state, response.transcript_ref)
             # else: the store holds the calls as the provider sent them; the next request sends
