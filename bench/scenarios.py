@@ -294,9 +294,7 @@ PARK_SECONDS_PER_RUN = 0.5
 loaded machine park in far more than 600 s."""
 
 
-async def _wait_parked(
-    bench: Bench, worker: Worker, n: int, timeout: float | None = None
-) -> float:
+async def _wait_parked(bench: Bench, worker: Worker, n: int, timeout: float | None = None) -> float:
     timeout = max(600.0, PARK_SECONDS_PER_RUN * n) if timeout is None else timeout
     query = (
         f"TaskQueue = '{worker.task_queue}' AND ExecutionStatus = 'Running' "
