@@ -74,8 +74,9 @@ class Child:
         )
         line = self._read_ready_line()
         if not line.startswith("ready"):
+            tail = self.log_tail()  # before stop(), which closes the log
             self.stop()
-            raise ChildError(f"{self.name} did not start: {line!r}\n{self.log_tail()}")
+            raise ChildError(f"{self.name} did not start: {line!r}\n{tail}")
         self.info = line[len("ready") :].strip()
         return self
 

@@ -6,6 +6,11 @@ agents of :mod:`bench.agents` with :class:`relaykit.Worker`;
 floor's workflows (:mod:`bench.floor`) with a plain Temporal worker. Both use the default worker
 options (``--max-cached-workflows`` overrides the sticky cache size of either) and the same data
 converter, and both pass their own package through the workflow sandbox. Prints ``ready <pid>`` once polling; stops gracefully on SIGTERM.
+
+With ``BENCH_TRACEMALLOC=<frames>`` in its environment the worker traces its Python allocations
+from the start, and each SIGUSR1 writes a snapshot into ``BENCH_TRACEMALLOC_DIR`` (the current
+directory by default): diffing two snapshots taken at N and 2N parked runs tells what a waiting
+run holds in the Python heap.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import argparse
 import asyncio
 import os
 import signal
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -26,6 +33,22 @@ def floor_runner() -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("bench")
     )
+
+
+def _trace_allocations() -> None:
+    frames = os.environ.get("BENCH_TRACEMALLOC")
+    if not frames:
+        return
+    tracemalloc.start(int(frames))
+    directory = Path(os.environ.get("BENCH_TRACEMALLOC_DIR", "."))
+    taken = 0
+
+    def dump(*_: object) -> None:
+        nonlocal taken
+        taken += 1
+        tracemalloc.take_snapshot().dump(str(directory / f"{os.getpid()}-{taken}.snapshot"))
+
+    signal.signal(signal.SIGUSR1, dump)
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -64,6 +87,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    _trace_allocations()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("system", choices=["relaykit", "floor"])
     parser.add_argument("--address", required=True)

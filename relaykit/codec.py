@@ -35,6 +35,7 @@ from temporalio.converter import (
 )
 
 from relaykit.errors import ConfigurationError
+from relaykit.payload_conversion import SharedPydanticPayloadConverter
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,9 @@ def compose_data_converter(
     """relaykit's data converter, keeping what the caller configured.
 
     relaykit's payloads are pydantic models, so a converter with Temporal's default payload
-    conversion gets pydantic conversion instead; a custom payload converter class is kept (it
+    conversion gets pydantic conversion instead, and one with Temporal's pydantic conversion
+    gets the same conversion with encoders shared per process
+    (:class:`SharedPydanticPayloadConverter`); a custom payload converter class is kept (it
     must handle pydantic models). The caller's codec, failure converter and external storage
     are kept. ``codec`` adds a codec; giving a different one in ``data_converter`` too is an
     error rather than a silent choice. With a codec and the default failure converter, failure
@@ -109,8 +112,8 @@ def compose_data_converter(
             hint="pass one of them",
         )
     changes: dict[str, Any] = {}
-    if base.payload_converter_class is DefaultPayloadConverter:
-        changes["payload_converter_class"] = PydanticPayloadConverter
+    if base.payload_converter_class in (DefaultPayloadConverter, PydanticPayloadConverter):
+        changes["payload_converter_class"] = SharedPydanticPayloadConverter
     if codec is not None:
         changes["payload_codec"] = codec
     if (

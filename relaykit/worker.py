@@ -31,6 +31,7 @@ from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model_queue, parse_limits
 from relaykit.models.spec import ModelSpec, parse_model
+from relaykit.payload_conversion import shared_payload_conversion
 from relaykit.payload_storage import with_external_storage
 from relaykit.search_attributes import (
     cost_registered,
@@ -156,10 +157,14 @@ class Worker:
             self.store = store.with_codec(codec) if store.codec is None else store
         else:
             self.store = Store(store or transcript_dir, codec=codec)
-        if client.data_converter.external_storage is None:
-            # Large payloads go to the store instead of failing at Temporal's 2 MB limit.
+        # Large payloads go to the store instead of failing at Temporal's 2 MB limit, and the
+        # payload converter every cached run builds shares its encoders with the others.
+        converter = shared_payload_conversion(
+            with_external_storage(client.data_converter, self.store)
+        )
+        if converter is not client.data_converter:
             config = client.config()
-            config["data_converter"] = with_external_storage(client.data_converter, self.store)
+            config["data_converter"] = converter
             client = Client(**config)
         self.client = client
         self.max_tool_result_bytes = (

@@ -133,7 +133,7 @@ async def test_connect_keeps_a_callers_codec_and_gives_it_pydantic_conversion(
     by_codec = await relaykit.connect(temporal_server.address, codec=codec)
     converter = by_codec.data_converter
     assert converter.payload_codec is codec
-    assert converter.payload_converter_class is PydanticPayloadConverter
+    assert issubclass(converter.payload_converter_class, PydanticPayloadConverter)
     # Failure messages may quote prompts or tool output: with a codec they are encoded too.
     assert converter.failure_converter_class is DefaultFailureConverterWithEncodedAttributes
 
@@ -142,7 +142,7 @@ async def test_connect_keeps_a_callers_codec_and_gives_it_pydantic_conversion(
     kept = by_converter.data_converter
     assert kept.payload_codec is codec
     assert kept.failure_converter_class is MyFailureConverter
-    assert kept.payload_converter_class is PydanticPayloadConverter
+    assert issubclass(kept.payload_converter_class, PydanticPayloadConverter)
 
     with pytest.raises(ConfigurationError, match="two payload codecs"):
         await relaykit.connect(temporal_server.address, codec=aes(), data_converter=mine)

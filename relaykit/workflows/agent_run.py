@@ -37,6 +37,7 @@ from relaykit.runs import (
     RunSnapshot,
     RunState,
     TaskStatus,
+    share_field_sets,
 )
 from relaykit.search_attributes import (
     RELAY_AGENT,
@@ -371,7 +372,7 @@ class AgentRun:
 def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
     """The run's input, or a stand-in and the reason the given one cannot start a run."""
     try:
-        return workflow.payload_converter().from_payload(raw.payload, RunInput), None
+        run_input = workflow.payload_converter().from_payload(raw.payload, RunInput)
     except Exception as exc:  # noqa: BLE001 - whatever a client sent, the run must end, not hang
         if isinstance(exc, ValidationError):
             detail = "; ".join(
@@ -387,6 +388,8 @@ def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
             '{"agent": "triage", "input": "…"}; see relaykit.RunInput)'
         )
         return RunInput(agent=""), message
+    share_field_sets(run_input)  # the run holds it (and a continued run's state) while it waits
+    return run_input, None
 
 
 def waiting_for(state: RunState) -> str:

@@ -40,6 +40,7 @@ from relaykit.runs import (
     RunInput,
     RunResult,
     RunState,
+    share_field_sets,
 )
 from relaykit.transcripts import REQUEST_PART_MISSING, TRANSCRIPT_MISSING
 from relaykit.workflows import long_runs, model_turn
@@ -152,7 +153,7 @@ class TurnLoop:
             run.end_if_agent_gone()  # what it answered would be decided by today's code
             message = response.message.model_copy(update={"agent": agent.name})
             calls, message, corrected = self.tools.check(message)
-            state.transcript.append(message)
+            state.transcript.append(share_field_sets(message))  # every field given, in JSON
             if not corrected:
                 run.transport.after_response(state, response.transcript_ref)
             # else: the store holds the calls as the provider sent them; the next request sends

@@ -29,7 +29,14 @@ from relaykit import errors
 from relaykit.agent import Agent
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ModelResponse, ToolCall, Usage
-from relaykit.runs import AGENT_RUN_WORKFLOW, EventKind, RunEvent, RunInput, RunState
+from relaykit.runs import (
+    AGENT_RUN_WORKFLOW,
+    EventKind,
+    RunEvent,
+    RunInput,
+    RunState,
+    share_field_sets,
+)
 from relaykit.workflows.call_record import CallRecord, stand_in_agent
 from relaykit.workflows.context import ContextTransport
 from relaykit.workflows.run_setup import recorded_setup
@@ -181,17 +188,17 @@ class Run:
         run_path: list[str] | None = None,
     ) -> None:
         events = self.state.events
-        events.append(
-            RunEvent(
-                seq=self.state.event_offset + len(events),
-                kind=kind,
-                agent=agent or self.state.agent,
-                turn=self.state.turn,
-                run_path=list(self.state.run_path if run_path is None else run_path),
-                data=data,
-                at=workflow.now(),
-            )
+        event = RunEvent(
+            seq=self.state.event_offset + len(events),
+            kind=kind,
+            agent=agent or self.state.agent,
+            turn=self.state.turn,
+            run_path=list(self.state.run_path if run_path is None else run_path),
+            data=data,
+            at=workflow.now(),
         )
+        share_field_sets(event)  # a run keeps up to MAX_EVENTS_KEPT of them
+        events.append(event)
         if len(events) > MAX_EVENTS_KEPT:
             drop = len(events) - MAX_EVENTS_KEPT
             del events[:drop]
