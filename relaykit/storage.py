@@ -96,12 +96,7 @@ _MANIFEST_MAGIC = b"RKB1"
 BLOB_MIN_BYTES = 64 * 1024
 """A JSON string at least this long (escaped) inside a stored object is kept once, as a blob."""
 INLINE_WRITE_BYTES = 16 * 1024
-"""A local object at most this long is written on the calling thread. Such a write is a few
-calls the kernel answers from its page cache (the same kind as the ``exists`` check a save
-makes first, on the caller's thread too), while a hop to a worker thread and back costs more
-than the write itself: a transcript node per model call paid about 1 ms of worker CPU for it
-under a 200-run load. Larger writes still go to a thread: the event loop never waits on a
-long one."""
+"""A local object at most this long is written on the calling thread (a thread hop cost more)."""
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_%-][A-Za-z0-9_.%-]*\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 _URL_CONFIG = {
@@ -362,11 +357,10 @@ class Store:
             payload = Payload(metadata={"encoding": b"binary/plain"}, data=data)
             encoded = (await self.codec.encode([payload]))[0]
             data = _ENCODED_MAGIC + encoded.SerializeToString()
-        if self.directory is not None:
-            if len(data) <= INLINE_WRITE_BYTES:
-                self._put_local(key, data)
-            else:
-                await asyncio.to_thread(self._put_local, key, data)
+        if self.directory is not None and len(data) <= INLINE_WRITE_BYTES:
+            self._put_local(key, data)
+        elif self.directory is not None:  # the event loop never waits on a long write
+            await asyncio.to_thread(self._put_local, key, data)
         else:
             import obstore
 

@@ -50,7 +50,7 @@ from relaykit.search_attributes import (
 )
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
-from relaykit.workflows.budget_plan import ANSWER_SIGNAL, ASK_SIGNAL
+from relaykit.workflows.budget_plan import ANSWER_SIGNAL, ASK_SIGNAL, change_problem
 from relaykit.workflows.loop import TurnLoop
 from relaykit.workflows.spend import Spend
 from relaykit.workflows.subagent_tasks import REPORT_SIGNAL, send_report
@@ -297,27 +297,9 @@ class AgentRun:
 
     @set_budget.validator
     def _validate_set_budget(self, change: BudgetChange) -> None:
-        state = self._loop.state
-        if state.status in ("completed", "failed", "cancelled"):
-            raise ValueError(f"the run has {state.status}")
-        if state.spend is None:
-            raise ValueError("this run has no dollar limit (start it with Budget(max_usd=...))")
-        if change.max_usd is None and change.raise_by is None and not change.finish:
-            raise ValueError("say what to change: max_usd, raise_by or finish")
-        if change.max_usd is not None and change.raise_by is not None:
-            raise ValueError("give max_usd or raise_by, not both")
-        parent = self._loop.run_state.input.budget_from
-        raises = change.raise_by is not None or (
-            change.max_usd is not None and change.max_usd > state.spend.limit
-        )
-        if parent and raises:
-            # A child's limit is what its parent holds for it: more would be spent past the
-            # root's limit without the parent knowing, the child never asking for it.
-            raise ValueError(
-                f"this run's dollar limit is what its parent {parent} reserved for it: raise "
-                f"the limit of {parent} instead (or of the root of the tree, if {parent} is a "
-                "child too); lowering it or asking for the best answer (finish) is taken"
-            )
+        problem = change_problem(self._loop.run_state, change)
+        if problem is not None:
+            raise ValueError(problem)
 
     # --- mailbox, pause, resume -----------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from temporalio import workflow
 from relaykit.agent import Agent, AgentTool, Budget, as_handoff
 from relaykit.messages import Message, Usage
 from relaykit.models.spec import ModelRequest
-from relaykit.runs import BudgetAnswer, BudgetAsk
+from relaykit.runs import BudgetAnswer, BudgetAsk, BudgetChange
 from relaykit.workflows.run_state import Run, signal_workflow
 
 DEFAULT_OUTPUT_ALLOWANCE = 4096
@@ -212,3 +212,29 @@ def send_answer(
     """Answer a child's ask ``seq`` (in the background: a signal handler cannot wait)."""
     answer = BudgetAnswer(seq=seq, verdict=verdict, amount=amount, reason=reason)
     run.spawn(signal_workflow(child_id, ANSWER_SIGNAL, answer))
+
+
+def change_problem(run: Run, change: BudgetChange) -> str | None:
+    """Why a person's change of the dollar limit (the ``set_budget`` update) is refused, if it is.
+
+    A child's limit is what its parent holds for it: a raise would be spent past the root's limit
+    without the parent knowing, the child never asking for it; so only the root is raised."""
+    state, parent = run.state, run.input.budget_from
+    if state.status in ("completed", "failed", "cancelled"):
+        return f"the run has {state.status}"
+    if state.spend is None:
+        return "this run has no dollar limit (start it with Budget(max_usd=...))"
+    if change.max_usd is None and change.raise_by is None and not change.finish:
+        return "say what to change: max_usd, raise_by or finish"
+    if change.max_usd is not None and change.raise_by is not None:
+        return "give max_usd or raise_by, not both"
+    raises = change.raise_by is not None or (
+        change.max_usd is not None and change.max_usd > state.spend.limit
+    )
+    if parent and raises:
+        return (
+            f"this run's dollar limit is what its parent {parent} reserved for it: raise "
+            f"the limit of {parent} instead (or of the root of the tree, if {parent} is a "
+            "child too); lowering it or asking for the best answer (finish) is taken"
+        )
+    return None
