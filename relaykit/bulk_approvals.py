@@ -39,7 +39,7 @@ from collections.abc import Collection
 from typing import Literal
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.authors import author
@@ -124,20 +124,7 @@ async def answer_waiting(
                 if calls is not None:  # listed by visibility: no worker asked
                     pending = [waiting_call(run_id, call_id) for call_id in calls]
                 else:
-                    description = await run.workflow.describe()
-                    if description.status != WorkflowExecutionStatus.RUNNING:
-                        # a closed run waits for nothing (and its worker may be gone)
-                        word = description.status.name.lower() if description.status else "closed"
-                        why = f"the run is closed ({word})"
-                        return [
-                            BulkAnswer(run_id=run_id, call_id="", status=NOT_WAITING, detail=why)
-                        ]
-                    listed_calls = description.typed_search_attributes.get(RELAY_WAITING_CALLS)
-                    pending = (
-                        [waiting_call(run_id, call_id) for call_id in listed_calls]
-                        if listed_calls
-                        else await run.pending_approvals()  # a run that does not keep it
-                    )
+                    pending = await run.waiting_calls()
             except (RPCError, WorkflowQueryFailedError) as exc:
                 if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
                     why = f"no run with id {run_id!r}"

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -177,6 +177,8 @@ class RunHandle:
         from relaykit.search_attributes import RELAY_WAITING_CALLS
 
         description = await self.workflow.describe()
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            return []  # a closed run waits for nothing (and its worker may be gone)
         listed = description.typed_search_attributes.get(RELAY_WAITING_CALLS)
         if not listed:  # not kept by this run, or nothing waits: the run itself says
             return await self.pending_approvals()

@@ -184,6 +184,14 @@ class DecideSelectedBody(BaseModel):
     by: str | None = None
 
 
+def body_problems(exc: ValidationError) -> str:
+    """A JSON body's validation errors on one line: ``where: what`` each."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
+        for error in exc.errors()
+    )
+
+
 def picked_value(run_id: str, call_id: str) -> str:
     """A page checkbox's value: the pair, as JSON (ids may hold any character)."""
     return json.dumps([run_id, call_id])
@@ -469,10 +477,7 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         try:
             body = DecideBody.model_validate_json(await request.body())
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
-                for error in exc.errors()
-            )
+            problems = body_problems(exc)
             return secured(
                 JSONResponse(
                     {"error": f"expected {{run_id, call_id, approve, reason?}}: {problems}"}, 400
@@ -495,10 +500,7 @@ def inbox_app(client: Client, *, authorization: str | None = None) -> Any:
         try:
             body = DecideSelectedBody.model_validate_json(await request.body())
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
-                for error in exc.errors()
-            )
+            problems = body_problems(exc)
             expected = "{calls: [{run_id, call_id}], approve, reason?, by?}"
             return secured(JSONResponse({"error": f"expected {expected}: {problems}"}, 400))
         try:
