@@ -39,7 +39,7 @@ from tests.eval_agents import (
     ticket_of,
     triage_agent,
 )
-from tests.support import scripted_model, serving, transcript_dir
+from tests.support import eventually, scripted_model, serving, transcript_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,9 +285,29 @@ async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
 # --- the command, a real worker process, SIGKILL ------------------------------------------------
 
 
-def eval_command(rig: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+def eval_rig(
+    temporal_server: DevServer, served: ScriptedModelServer, model: str, log: Path, tmp: Path
+) -> dict[str, str]:
+    """The environment of a ``relaykit eval tests.eval_agents`` process whose agents call the
+    scripted ``model``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_"))}
+    env.update(
+        TEMPORAL_ADDRESS=temporal_server.address,
+        TEMPORAL_NAMESPACE="default",
+        EVAL_MODEL_URL=served.base_url,
+        EVAL_MODEL_NAME=model,
+        EVAL_TOOL_LOG=str(log),
+        RELAYKIT_STORE=(tmp / "store").as_uri(),
+        RELAYKIT_TRANSCRIPT_DIR=str(tmp / "transcripts"),
+    )
+    return env
+
+
+def eval_command(
+    rig: dict[str, str], *args: str, module: str = "tests.eval_agents"
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "relaykit.cli", "eval", "tests.eval_agents", *args],
+        [sys.executable, "-m", "relaykit.cli", "eval", module, *args],
         cwd=REPO_ROOT,
         env=rig,
         stdin=subprocess.DEVNULL,
@@ -296,8 +316,8 @@ def eval_command(rig: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     )
 
 
-async def finished(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
-    out, _ = await asyncio.to_thread(proc.communicate, timeout=300)  # a bound, not a target
+async def finished(proc: subprocess.Popen[bytes], bound: float = 300) -> tuple[int, str]:
+    out, _ = await asyncio.to_thread(proc.communicate, timeout=bound)  # a bound, not a target
     return proc.returncode, out.decode()
 
 
@@ -325,16 +345,7 @@ async def test_eval_survives_a_killed_worker_and_min_pass_sets_the_exit_status(
         return step
 
     model_server.respond(model.name, respond)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "RELAYKIT_"))}
-    env.update(
-        TEMPORAL_ADDRESS=temporal_server.address,
-        TEMPORAL_NAMESPACE="default",
-        EVAL_MODEL_URL=model_server.base_url,
-        EVAL_MODEL_NAME=model.name,
-        EVAL_TOOL_LOG=str(tool_log),
-        RELAYKIT_STORE=(tmp_path / "store").as_uri(),
-        RELAYKIT_TRANSCRIPT_DIR=str(tmp_path / "transcripts"),
-    )
+    env = eval_rig(temporal_server, model_server, model.name, tool_log, tmp_path)
     eval_id = f"eval-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "report"
     args = ["--runs", ",".join(ids), "--eval-id", eval_id, "--concurrency", "2"]
@@ -365,6 +376,36 @@ async def test_eval_survives_a_killed_worker_and_min_pass_sets_the_exit_status(
     assert code == 0, said
     assert EvalReport.model_validate_json(Path(f"{out}.json").read_text()) == report
     assert model_server.request_count(model.name) == served
+
+
+async def test_a_worker_killed_while_scoring_hands_the_score_on_within_seconds(
+    client: Client,
+    model_server: ScriptedModelServer,
+    temporal_server: DevServer,
+    tool_log: Path,
+    tmp_path: Path,
+) -> None:
+    # Reading and scoring heartbeat: the next command's worker takes the killed one's scoring
+    # attempt over once its heartbeat timeout passes, long before the activity's 5-minute limit.
+    ids = await record_triage(client, model_server, range(1, 2))
+    model = scripted_model(model_server)
+    model_server.respond(model.name, candidate_model())
+    env = eval_rig(temporal_server, model_server, model.name, tool_log, tmp_path)
+    mark = tmp_path / "scoring"
+    env["EVAL_SCORE_MARK"] = str(mark)
+    out = tmp_path / "report.json"
+    args = ["--runs", ids[0], "--eval-id", f"eval-{uuid.uuid4().hex[:8]}", "--json", str(out)]
+    module = "tests.eval_agents_held_score"
+    first = eval_command(env, *args, module=module)
+    await eventually(lambda: mark.exists() or first.poll() is not None, "scoring to start")
+    assert first.poll() is None, first.communicate()[0].decode()
+    first.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(first.wait, 10)
+
+    code, said = await finished(eval_command(env, *args, module=module), bound=120)
+    assert code == 0, said
+    [run] = EvalReport.model_validate_json(out.read_text()).runs
+    assert (run.recorded_run, run.verdict, run.score) == (ids[0], "passed", 1.0)
 
 
 async def test_candidates_carry_relay_eval_of_and_stay_out_of_the_runs_list(

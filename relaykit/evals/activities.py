@@ -3,10 +3,16 @@
 Both run on the evaluation's worker, which has the candidate module: reading a run also says
 whether the candidate has the run's agent (a run it lacks is reported, not failed), and scoring
 uses the module's ``score`` when it defines one.
+
+Both heartbeat while they run (the workflow gives them a short heartbeat timeout): a worker
+killed in the middle of reading or scoring hands the attempt to the next worker within seconds,
+not at the end of the activity's whole time limit. The module's ``score`` runs in a thread, so a
+slow scorer (a model as judge) neither stops those heartbeats nor the worker's other runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from temporalio import activity
@@ -14,6 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
+from relaykit.activities.heartbeats import attempt_beats
 from relaykit.eval_context import EvalCall
 from relaykit.evals.compare import Scorer, score_run
 from relaykit.evals.models import (
@@ -43,6 +50,15 @@ class EvalActivities:
 
     @activity.defn(name=PREPARE_ACTIVITY)
     async def prepare(self, source: EvalSource) -> RecordedRun:
+        async with attempt_beats().automatic():
+            return await self._prepare(source)
+
+    @activity.defn(name=SCORE_ACTIVITY)
+    async def score(self, input: ScoreInput) -> RunReport:
+        async with attempt_beats().automatic():
+            return await self._score(input)
+
+    async def _prepare(self, source: EvalSource) -> RecordedRun:
         try:
             if source.history_file is not None:
                 recorded = await read_history_file(self.client.data_converter, source.history_file)
@@ -62,8 +78,7 @@ class EvalActivities:
             recorded.problem = f"the candidate has no agent named {recorded.agent!r}"
         return recorded
 
-    @activity.defn(name=SCORE_ACTIVITY)
-    async def score(self, input: ScoreInput) -> RunReport:
+    async def _score(self, input: ScoreInput) -> RunReport:
         seconds = None
         candidate = input.candidate
         if input.candidate_run is not None and candidate is not None:
@@ -75,7 +90,8 @@ class EvalActivities:
             if children:
                 calls = [*(candidate.evaluation or []), *children]
                 candidate = candidate.model_copy(update={"evaluation": calls})
-        return score_run(
+        return await asyncio.to_thread(
+            score_run,
             input.recorded,
             candidate,
             candidate_run=input.candidate_run,

@@ -43,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
     from relaykit.search_attributes import RELAY_EVAL_OF
 
 _ACTIVITY_TIMEOUT = timedelta(minutes=5)
+#: Both activities heartbeat while they run: a dead worker's attempt is retried after this long.
+_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 _RETRY = RetryPolicy(maximum_attempts=5)
 
 
@@ -85,6 +87,7 @@ class EvalWorkflow:
                 source,
                 result_type=RecordedRun,
                 start_to_close_timeout=_ACTIVITY_TIMEOUT,
+                heartbeat_timeout=_HEARTBEAT_TIMEOUT,
                 retry_policy=_RETRY,
                 summary=source.label,
             )
@@ -127,6 +130,7 @@ class EvalWorkflow:
                 ),
                 result_type=RunReport,
                 start_to_close_timeout=_ACTIVITY_TIMEOUT,
+                heartbeat_timeout=_HEARTBEAT_TIMEOUT,
                 retry_policy=_RETRY,
                 summary=recorded.run_id,
             )
