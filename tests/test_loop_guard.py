@@ -385,3 +385,39 @@ def test_arguments_that_are_not_json_or_nest_too_deep_are_compared_as_text() -> 
     assert call_key(ToolCall(id="a", name="t", arguments="{oops")) != call_key(
         ToolCall(id="a", name="t", arguments="{oops!")
     )
+
+
+def test_a_turn_decided_again_after_restoring_the_snapshot_decides_as_the_first_time() -> None:
+    # A replay whose definitions decided a turn otherwise goes back to the snapshot and decides
+    # the turn again: the answers and the guard's state must be those of deciding it once.
+    from relaykit.messages import ToolCall
+    from relaykit.runs import RunSetup, RunState
+    from relaykit.workflows.loop_guard import check_repeat, guard_snapshot, restore_guard
+
+    def turn(n: int, *calls: tuple[str, str]) -> list[ToolCall]:
+        return [
+            ToolCall(id=f"t{n}-{i}", name=name, arguments=a) for i, (name, a) in enumerate(calls)
+        ]
+
+    earlier = turn(1, ("lookup", '{"q": "x"}'), ("fetch", '{"u": 1}'))
+    now = turn(2, ("lookup", '{"q":"x"}'), ("lookup", "{}"), ("lookup", '{ "q": "x" }'))
+    state = RunState(agent="a", setup=RunSetup(recorded_calls=True))
+    state.transcript = [Message.user("go"), Message.assistant(tool_calls=earlier)]
+    for call in earlier:
+        assert check_repeat(state, call, 2) is None
+    state.transcript += [Message.tool_result(c, f"result of {c.name}") for c in earlier]
+    state.transcript.append(Message.assistant(tool_calls=now))
+    untouched = state.model_copy(deep=True)
+
+    snapshot = guard_snapshot(state, now)
+    first = [check_repeat(state, call, 2) for call in now]
+    after_once = state.repeats.model_dump()
+    restore_guard(state, snapshot)
+    again = [check_repeat(state, call, 2) for call in now]
+
+    assert [answer is None for answer in first] == [True, True, False]  # the third: a 3rd run
+    assert first[2] is not None and "already ran 2 times" in first[2]
+    assert again == first
+    assert state.repeats.model_dump() == after_once
+    assert [check_repeat(untouched, call, 2) for call in now] == first
+    assert untouched.repeats.model_dump() == after_once

@@ -113,7 +113,7 @@ class CallDecisions:
         spawns counted) and decides again as recorded."""
         run = self.run
         self.tasks.starting = 0  # the turn's spawns are counted from here
-        saved = guard_snapshot(run.state), self.child_ids.mark()
+        saved = guard_snapshot(run.state, calls), self.child_ids.mark()
         plan = self._plan(agent, table, calls, slots, routes, None)
         recorded = await run.calls.record(plan.codes)
         if recorded == plan.codes or len(recorded) != len(calls):

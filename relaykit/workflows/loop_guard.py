@@ -72,14 +72,26 @@ def _catch_up(state: RunState) -> None:
     guard.seen = total
 
 
-def guard_snapshot(state: RunState) -> RepeatGuardState:
-    """What the guard remembers now, to go back to when a turn's decisions are made again
-    (a replay whose definitions decided otherwise than the recorded decisions)."""
-    return state.repeats.model_copy(deep=True)
+def guard_snapshot(state: RunState, calls: list[ToolCall]) -> RepeatGuardState:
+    """What the guard remembers now, to go back to when a turn's ``calls`` are decided again
+    (a replay whose definitions decided otherwise than the recorded decisions).
+
+    Deciding changes only the entries of the turn's own calls (an entry's ``last_call_id`` is
+    always a call of its own key) and the scalar fields; reading the transcript since the last
+    check may replace the dict of entries or fill in earlier entries' results, which reading it
+    again does the same way. So the snapshot copies those few entries and the dict, not every
+    entry: a run of a thousand turns does not copy a thousand entries per turn."""
+    guard = state.repeats
+    entries = dict(guard.calls)
+    for key in {call_key(call) for call in calls}:
+        if key in entries:
+            entries[key] = entries[key].model_copy()
+    return guard.model_copy(update={"calls": entries})
 
 
 def restore_guard(state: RunState, snapshot: RepeatGuardState) -> None:
-    state.repeats = snapshot.model_copy(deep=True)
+    """Go back to ``snapshot`` (taken by :func:`guard_snapshot`; use it once)."""
+    state.repeats = snapshot
 
 
 def check_repeat(
