@@ -403,21 +403,21 @@ def test_a_turn_decided_again_after_restoring_the_snapshot_decides_as_the_first_
     now = turn(2, ("lookup", '{"q":"x"}'), ("lookup", "{}"), ("lookup", '{ "q": "x" }'))
     state = RunState(agent="a", setup=RunSetup(recorded_calls=True))
     state.transcript = [Message.user("go"), Message.assistant(tool_calls=earlier)]
-    for call in earlier:
-        assert check_repeat(state, call, 2) is None
+    for made in earlier:
+        assert check_repeat(state, made, 2) is None
     state.transcript += [Message.tool_result(c, f"result of {c.name}") for c in earlier]
     state.transcript.append(Message.assistant(tool_calls=now))
     untouched = state.model_copy(deep=True)
 
     snapshot = guard_snapshot(state, now)
-    first = [check_repeat(state, call, 2) for call in now]
+    first = [check_repeat(state, c, 2) for c in now]
     after_once = state.repeats.model_dump()
     restore_guard(state, snapshot)
-    again = [check_repeat(state, call, 2) for call in now]
+    again = [check_repeat(state, c, 2) for c in now]
 
     assert [answer is None for answer in first] == [True, True, False]  # the third: a 3rd run
     assert first[2] is not None and "already ran 2 times" in first[2]
     assert again == first
     assert state.repeats.model_dump() == after_once
-    assert [check_repeat(untouched, call, 2) for call in now] == first
+    assert [check_repeat(untouched, c, 2) for c in now] == first
     assert untouched.repeats.model_dump() == after_once
