@@ -115,7 +115,8 @@ class Worker:
     provider or queue; default ``RELAYKIT_MODEL_LIMITS``, then ``ModelSpec.concurrent`` and
     ``ModelSpec.per_second``) caps each provider queue: that many calls at once on this worker,
     that many a second across the cluster. ``models_only`` makes a dedicated model worker: it
-    polls the provider queues only, not the run queue.
+    polls the provider queues only, not the run queue. A model whose ``task_queue`` is this
+    worker's own queue is served with the workflows, and may have no limits (docs/fleet.md).
     """
 
     def __init__(
@@ -206,6 +207,39 @@ class Worker:
         self._env_limits = limits_from_env()
         self.models_only = models_only
         self._model_workers: list[TemporalWorker] = []
+        self._separate_model_queues()  # a model on this worker's own queue: refused here, or served
+
+    def _separate_model_queues(self) -> dict[str, ModelLimit]:
+        """The provider queues this worker polls besides its own task queue.
+
+        A model whose ``task_queue`` is this worker's own queue is served by the worker that
+        runs the workflows (Temporal then hands each call over with the workflow task that
+        scheduled it). Such a model can have no limits of its own, which would hold every
+        activity of the queue, and a ``models_only`` worker has nothing to poll for it."""
+        queues = self.model_queues()
+        shared = queues.pop(self.task_queue, None)
+        if shared is None:
+            return queues
+        from relaykit.errors import ConfigurationError
+
+        names = sorted(
+            agent.name
+            for agent in self.graph.agents.values()
+            if model_queue(self.graph.model_for(agent), self.task_queue) == self.task_queue
+        )
+        if shared.concurrent is not None or shared.per_second is not None:
+            raise ConfigurationError(
+                f"the model of {', '.join(names)} runs on this worker's own task queue "
+                f"{self.task_queue!r}, so it cannot have limits ({shared}): they would hold "
+                "every activity of the queue; give the model a task_queue of its own"
+            )
+        if self.models_only:
+            raise ConfigurationError(
+                f"the model of {', '.join(names)} runs on this worker's own task queue "
+                f"{self.task_queue!r}: a models-only worker has no queue of its own to poll "
+                "for it; give the model a task_queue of its own, or run a full worker"
+            )
+        return queues
 
     def model_queues(self) -> dict[str, ModelLimit]:
         """The provider queues of the agents this worker serves, with their limits."""
@@ -300,7 +334,7 @@ class Worker:
         options.setdefault("workflow_runner", sandbox_runner())
         self._model_workers = [
             self._model_worker(queue, limit, options)
-            for queue, limit in self.model_queues().items()
+            for queue, limit in self._separate_model_queues().items()
         ]
         self._worker = TemporalWorker(
             self.client,

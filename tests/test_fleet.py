@@ -51,6 +51,32 @@ async def test_model_calls_run_on_their_providers_queue_served_by_the_same_worke
     assert await model_call_queues(two.workflow) == [named.task_queue]
 
 
+async def test_a_model_on_the_workers_own_queue_is_served_there_and_refuses_limits(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The run queue's worker serves the calls (Temporal hands each one over with the workflow
+    # task that scheduled it); limits there would hold every activity, so they are refused.
+    queue = f"tq-{uuid.uuid4().hex[:10]}"
+    model = scripted_model(model_server, task_queue=queue)
+    model_server.script(model.name, [call("ping"), text("done")])
+
+    @tool(effect="read")
+    def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    agent = Agent(name="own_queue", model=model, tools=[ping])
+    async with serving(client, agent, task_queue=queue) as worker:
+        assert worker.task_queue == queue
+        handle = await start_run(client, agent, "hi", task_queue=queue)
+        assert (await handle.result()).output == "done"
+    assert await model_call_queues(handle.workflow) == [queue, queue]
+    for options in ({"model_limits": {queue: "2"}}, {"models_only": True}):
+        with pytest.raises(ConfigurationError, match=f"own task queue '{queue}'"):
+            async with serving(client, agent, task_queue=queue, **options):
+                pass
+
+
 async def test_a_worker_limit_of_two_never_has_more_than_two_requests_in_flight(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
