@@ -66,12 +66,18 @@ MAX_SUBAGENTS = 20
 APPROVE_TASK = "approve"
 
 
-def build_agents(model_url: str) -> list[Agent]:
+def build_agents(model_url: str, model_queue: str | None = None) -> list[Agent]:
     """The agents one relaykit bench worker serves (the graph also reaches ``helper``).
 
     ``spawner`` may run :data:`MAX_SUBAGENTS` background subagents at once (the default is 4).
+    ``model_queue``: the model's ``task_queue`` (``None``: its provider queue, the default).
     """
-    model = ModelSpec(provider="openai", name=MODEL_NAME, base_url=f"{model_url.rstrip('/')}/v1")
+    model = ModelSpec(
+        provider="openai",
+        name=MODEL_NAME,
+        base_url=f"{model_url.rstrip('/')}/v1",
+        task_queue=model_queue,
+    )
     instructions = "You are a benchmark agent. Follow the task in the first message."
     looper = Agent(name="looper", instructions=instructions, model=model, tools=[lookup])
     helper = Agent(name="helper", instructions=instructions, model=model, tools=[lookup])

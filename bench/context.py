@@ -57,6 +57,8 @@ class Settings:
     """Overrides every scenario's repetition count when set."""
     max_cached_workflows: int | None = None
     """Sticky cache size of both workers (``None``: the Temporal SDK's default, 1000)."""
+    model_on_run_queue: bool = False
+    """relaykit's model calls on the run queue (docs/fleet.md) instead of the provider queue."""
 
     def repetitions(self, full: int, quick: int) -> int:
         if self.reps is not None:
@@ -150,6 +152,8 @@ class Bench:
             args += ["--max-cached-workflows", str(self.settings.max_cached_workflows)]
         if system == "relaykit":
             args += ["--model-url", self.model_url]
+            if self.settings.model_on_run_queue:
+                args.append("--model-on-run-queue")
         else:
             args += ["--latency-ms", str(self.settings.latency_ms)]
         child = Child(

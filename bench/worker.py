@@ -63,8 +63,9 @@ async def serve(args: argparse.Namespace) -> None:
 
         if not args.model_url:
             raise SystemExit("--model-url is required for the relaykit worker")
+        model_queue = args.task_queue if args.model_on_run_queue else None
         worker = relaykit.Worker(
-            client, build_agents(args.model_url), task_queue=args.task_queue, **options
+            client, build_agents(args.model_url, model_queue), task_queue=args.task_queue, **options
         )
     else:
         from bench.floor import FLOOR_WORKFLOWS, floor_activities
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-url", default=None)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--max-cached-workflows", type=int, default=None)
+    parser.add_argument(
+        "--model-on-run-queue",
+        action="store_true",
+        help="relaykit: the model's calls on the run queue instead of its provider queue",
+    )
     asyncio.run(serve(parser.parse_args(argv)))
 
 
