@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -32,7 +31,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench.context import Bench, Settings, Worker, gather_limited
-from bench.procs import ROOT, Child, children_of
+from bench.procs import Child, children_of, commit
 from bench.report import Results
 from bench.scenarios import _wait_parked
 from relaykit.bulk_approvals import ANSWERED, answer_waiting, waiting_runs_query
@@ -111,12 +110,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         model.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     return {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit,
+        "commit": commit(),
         "runs": args.runs,
         "concurrency": args.concurrency,
         "listing_s": round(listing, 2),

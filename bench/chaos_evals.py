@@ -2,18 +2,18 @@
 
 Records ``--recorded`` runs of the benchmark's ``looper`` once (``--turns`` tool calls each; the
 model server answers each call after ``--latency-ms``), then for each seed runs ``relaykit eval
-bench.chaos_eval_candidate`` over them (the same agent, so every call matches its recording, and
-a scorer that takes :data:`SCORE_SECONDS`, as a model judging the answers would) with a drawn ``--concurrency``, SIGKILLs the command, and the worker
-in it, at one to three drawn moments after it started its evaluation, runs the same command
-again after each kill, and lets the last one finish. A kill may land anywhere: while a recorded
-run is read, a candidate's model call is in flight, a candidate is scored or the report is
-written. Checks, per seed:
+bench.chaos_eval_candidate`` over them (the same agent, so every call matches its recording, and a
+scorer that takes :data:`SCORE_SECONDS`, as a model judging the answers would) with a drawn
+``--concurrency``, SIGKILLs the command, and the worker in it, at one to three drawn moments after
+it started its evaluation, runs the same command again after each kill, and lets the last one
+finish. A kill may land anywhere: while a recorded run is read, a candidate's model call is in
+flight, a candidate is scored or the report is written. Checks, per seed:
 
-- the last command ends within ``--settle`` seconds with exit status 0: a killed worker's work
+- the last command ends within :data:`SETTLE_SECONDS` with exit status 0: a killed worker's work
   is picked up once its heartbeat or sticky timeout passes, never at an activity's whole time
   limit;
-- its report lists every recorded run in order, each passed with every call matched and none
-  blocked, as an evaluation nobody killed would;
+- its report lists every recorded run in order, each passed with every call answered from its
+  recording (none blocked, none run live), as an evaluation nobody killed would;
 - no workflow task failed in the evaluation's workflow or in any candidate run (except
   Temporal's own concurrency, :data:`bench.chaos_checks.BENIGN_TASK_FAILURES`).
 
@@ -191,7 +191,9 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-async def record_runs(address: str, model_url: str, runs: int, turns: int, folder: Path) -> list[str]:
+async def record_runs(
+    address: str, model_url: str, runs: int, turns: int, folder: Path
+) -> list[str]:
     from bench.evals import record
 
     return await record(address, model_url, runs, turns, str(folder / "recorded"))

@@ -203,3 +203,10 @@ def leftover_children(wait: float = 5.0) -> list[tuple[int, str]]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def commit() -> str:
+    """The short commit the benchmark runs, for the figures it prints."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
@@ -37,7 +36,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench.context import Bench, Settings
-from bench.procs import ROOT, Child, children_of
+from bench.procs import Child, children_of, commit
 from bench.report import Results
 from relaykit.devserver import DevServer
 
@@ -129,12 +128,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         model.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     return {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit,
+        "commit": commit(),
         "turns": args.turns,
         "reps": args.reps,
         "model_on_run_queue": args.model_on_run_queue,
