@@ -3,7 +3,10 @@
 Design (the measurements behind it are in ``docs/observability.md``):
 
 - **Events** are the run's own ordered log (:class:`relaykit.runs.RunEvent`, the ``events``
-  query). Reading it is a query: it adds nothing to the run's history, however many people watch.
+  query). Reading it is a query: it writes no event, however many people watch. (One exception,
+  Temporal's own: a query that reaches a run while a workflow task waits for its local activity
+  makes the core SDK end that task early and run another one for the rest, three events with no
+  command. The run does the same work either way.)
 - **Child runs** (agent-as-tool children and background subagents) keep their own logs. The
   stream follows them *client-side*: a parent's ``tool_call`` event for an agent tool and its
   ``subagent_started`` event name the child's workflow id, and the stream reads that child's log

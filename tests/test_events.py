@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from relaykit import Agent, RunHandle, Subagents, start_run, tool
@@ -190,11 +191,32 @@ async def test_an_approval_inside_a_child_run_appears_once_in_the_root_stream(
     assert any(e.kind == "approval_requested" for e in root_log)  # the root's own copy exists
 
 
+def without_empty_tasks(kinds: list[int]) -> list[int]:
+    """``kinds`` without the workflow tasks that ended with no command and a new task at once.
+
+    Temporal's core SDK ends a workflow task early when it answers a query while a local
+    activity (the recorded decisions) is still to resolve, and runs another task for the rest:
+    three events, no command. A query that reaches a busy run may do that; nothing else the
+    stream does can."""
+    scheduled, started, completed = (
+        EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    )
+    kept: list[int] = []
+    for index, kind in enumerate(kinds):
+        kept.append(kind)
+        following = kinds[index + 1] if index + 1 < len(kinds) else None
+        if kind == completed and following == scheduled and kept[-3:-1] == [scheduled, started]:
+            del kept[-3:]
+    return kept
+
+
 async def test_reading_the_stream_adds_nothing_to_the_run_history(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
     # Two runs of the same script, one watched live by two streams and one not, have histories
-    # of the same length and kinds of events.
+    # of the same length and kinds of events (but for a task with no command a query may add).
     histories = []
     for watched in (False, True):
         model = scripted_model(model_server, stream=True)
@@ -205,7 +227,8 @@ async def test_reading_the_stream_adds_nothing_to_the_run_history(
             if watched:
                 await asyncio.gather(collect(handle), collect(handle))
             await handle.result()
-            histories.append([e.event_type for e in await history_events(handle.workflow)])
+            kinds = [e.event_type for e in await history_events(handle.workflow)]
+            histories.append(without_empty_tasks(kinds))
     assert histories[0] == histories[1]
 
 
@@ -257,3 +280,13 @@ async def test_stream_ends_when_the_run_is_cancelled_while_a_child_runs(
     assert description.status is not None and description.status.name == "CANCELED"
     assert not [i for i in items if i.kind == "final" and i.workflow_id == handle.id]
     assert len(set(keys(items))) == len(items)
+
+
+def test_only_a_task_with_no_command_followed_by_another_is_left_out() -> None:
+    s, b, c = 5, 6, 7  # workflow task scheduled, started, completed
+    activity, marker = 10, 25
+    forced = [1, s, b, c, activity, s, b, c, s, b, c, marker, activity]
+    assert without_empty_tasks(forced) == [1, s, b, c, activity, s, b, c, marker, activity]
+    plain = [1, s, b, c, activity, s, b, c, marker, activity]
+    assert without_empty_tasks(plain) == plain
+    assert without_empty_tasks([1, s, b, c, marker, s, b, c]) == [1, s, b, c, marker, s, b, c]
