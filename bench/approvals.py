@@ -21,21 +21,14 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import tempfile
 import time
 from datetime import UTC, datetime
 from typing import Any
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-
-from bench.context import Bench, Settings, Worker, gather_limited
-from bench.procs import Child, children_of, commit
-from bench.report import Results
+from bench.context import Bench, Settings, Worker, gather_limited, standalone_bench
+from bench.procs import commit
 from bench.scenarios import _wait_parked
 from relaykit.bulk_approvals import ANSWERED, answer_waiting, waiting_runs_query
-from relaykit.devserver import DevServer
 from relaykit.search_attributes import RELAY_WAITING_CALLS
 
 
@@ -48,68 +41,44 @@ async def _park(bench: Bench, worker: Worker, n: int) -> list[Any]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    workdir = tempfile.mkdtemp(prefix="relaykit-bench-approvals-")
-    model = Child("model-server", ["-m", "bench.model_server", "--latency-ms", "0"])
-    try:
-        async with DevServer(port=0, headless=True, in_memory=True) as server:
-            server_pid = next((pid for pid, name in children_of() if name == "temporal"), None)
-            model.start()
-            client = await Client.connect(
-                server.address, namespace=server.namespace, data_converter=pydantic_data_converter
+    async with standalone_bench(Settings(), "approvals") as bench:
+        client = bench.client
+        relaykit, floor = bench.worker("relaykit"), bench.worker("floor")
+        await _park(bench, relaykit, args.runs)
+        handles = await _park(bench, floor, args.runs)
+        for worker in (relaykit, floor):
+            await _wait_parked(bench, worker, args.runs)
+        await asyncio.sleep(2.0)
+        query = f"TaskQueue = '{relaykit.task_queue}'"
+        began = time.perf_counter()
+        listed = [
+            execution.typed_search_attributes.get(RELAY_WAITING_CALLS)
+            async for execution in client.list_workflows(waiting_runs_query(query))
+        ]
+        listing = time.perf_counter() - began
+        if len(listed) != args.runs:
+            raise RuntimeError(f"listed {len(listed)} of {args.runs} parked runs")
+
+        async def bulk() -> float:
+            began = time.perf_counter()
+            answers = await answer_waiting(
+                client, query, by="bench", concurrency=args.concurrency
             )
-            bench = Bench(
-                Settings(),
-                client,
-                server.address,
-                model.info,
-                server_pid,
-                model.pid,
-                Results(),
-                workdir,
+            answered = sum(answer.status == ANSWERED for answer in answers)
+            if answered != args.runs:
+                raise RuntimeError(f"answered {answered} of {args.runs} parked runs")
+            return time.perf_counter() - began
+
+        async def signals() -> float:
+            began = time.perf_counter()
+            await gather_limited(
+                lambda h: bench.answer_approval("floor", h), handles, args.concurrency
             )
-            try:
-                relaykit, floor = bench.worker("relaykit"), bench.worker("floor")
-                await _park(bench, relaykit, args.runs)
-                handles = await _park(bench, floor, args.runs)
-                for worker in (relaykit, floor):
-                    await _wait_parked(bench, worker, args.runs)
-                await asyncio.sleep(2.0)
-                query = f"TaskQueue = '{relaykit.task_queue}'"
-                began = time.perf_counter()
-                listed = [
-                    execution.typed_search_attributes.get(RELAY_WAITING_CALLS)
-                    async for execution in client.list_workflows(waiting_runs_query(query))
-                ]
-                listing = time.perf_counter() - began
-                if len(listed) != args.runs:
-                    raise RuntimeError(f"listed {len(listed)} of {args.runs} parked runs")
+            return time.perf_counter() - began
 
-                async def bulk() -> float:
-                    began = time.perf_counter()
-                    answers = await answer_waiting(
-                        client, query, by="bench", concurrency=args.concurrency
-                    )
-                    answered = sum(answer.status == ANSWERED for answer in answers)
-                    if answered != args.runs:
-                        raise RuntimeError(f"answered {answered} of {args.runs} parked runs")
-                    return time.perf_counter() - began
-
-                async def signals() -> float:
-                    began = time.perf_counter()
-                    await gather_limited(
-                        lambda h: bench.answer_approval("floor", h), handles, args.concurrency
-                    )
-                    return time.perf_counter() - began
-
-                load_before = os.getloadavg()[0]
-                relaykit_s, floor_s = await asyncio.gather(bulk(), signals())
-                load_after = os.getloadavg()[0]
-            finally:
-                bench.stop_workers()
-                model.stop()
-    finally:
-        model.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        load_before = os.getloadavg()[0]
+        relaykit_s, floor_s = await asyncio.gather(bulk(), signals())
+        load_after = os.getloadavg()[0]
     return {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit(),

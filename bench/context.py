@@ -4,10 +4,13 @@ workers, and one way to start, answer and time runs of either system."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,7 +25,7 @@ from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, MODEL_ACTIVITY
 from bench import agents
 from bench.floor import FLOOR_MODEL
 from bench.history import HistoryStats, history_stats
-from bench.procs import Child, cpu_seconds, memory_kb
+from bench.procs import Child, children_of, cpu_seconds, memory_kb
 from bench.report import SYSTEMS, Results
 
 T = TypeVar("T")
@@ -318,3 +321,34 @@ class Bench:
         events = [event for history in chain for event in history.events]
         model_activity = MODEL_ACTIVITY_OF["floor" if system == "floor" else "relaykit"]
         return chain, history_stats(events, model_activity, runs=len(chain))
+
+
+@contextlib.asynccontextmanager
+async def standalone_bench(settings: Settings, name: str) -> AsyncIterator[Bench]:
+    """A :class:`Bench` for a benchmark module run on its own: an in-memory dev server, the
+    scripted model server (answering at once) and a scratch directory, all gone on the way out,
+    with every worker the bench started."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from relaykit.devserver import DevServer
+
+    workdir = tempfile.mkdtemp(prefix=f"relaykit-bench-{name}-")
+    model = Child("model-server", ["-m", "bench.model_server", "--latency-ms", "0"])
+    try:
+        async with DevServer(port=0, headless=True, in_memory=True) as server:
+            server_pid = next((pid for pid, what in children_of() if what == "temporal"), None)
+            model.start()
+            client = await Client.connect(
+                server.address, namespace=server.namespace, data_converter=pydantic_data_converter
+            )
+            bench = Bench(
+                settings, client, server.address, model.info, server_pid, model.pid, Results(),
+                workdir,
+            )
+            try:
+                yield bench
+            finally:
+                bench.stop_workers()
+    finally:
+        model.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

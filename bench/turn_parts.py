@@ -23,22 +23,16 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from bench.context import Bench, Settings
-from bench.procs import Child, children_of, commit
-from bench.report import Results
-from relaykit.devserver import DevServer
+from bench.context import Settings, standalone_bench
+from bench.procs import commit
 
 ACTIVITY_NAMES = {  # the same part of a turn under each system's name
     "relaykit.model_call": "model call",
@@ -85,49 +79,31 @@ def _activity(scheduled: Any) -> str:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    workdir = tempfile.mkdtemp(prefix="relaykit-bench-turn-parts-")
-    model = Child("model-server", ["-m", "bench.model_server", "--latency-ms", "0"])
     per_turn: dict[str, dict[str, float]] = {}
     wall: dict[str, float] = {}
-    try:
-        async with DevServer(port=0, headless=True, in_memory=True) as server:
-            server_pid = next((pid for pid, name in children_of() if name == "temporal"), None)
-            model.start()
-            client = await Client.connect(
-                server.address, namespace=server.namespace, data_converter=pydantic_data_converter
-            )
-            settings = Settings(model_on_run_queue=args.model_on_run_queue)
-            bench = Bench(
-                settings, client, server.address, model.info, server_pid, model.pid, Results(),
-                workdir,
-            )
-            load_before = os.getloadavg()[0]
-            try:
-                for system in ("relaykit", "floor"):
-                    worker = bench.worker(system)
-                    for _ in range(2):  # warm-up: connections, sandbox imports, caches
-                        await bench.timed(bench.start_turns(worker, 3))
-                    sums: dict[str, float] = defaultdict(float)
-                    walls = []
-                    for _ in range(args.reps):
-                        began = time.perf_counter()
-                        handle = await bench.start_turns(worker, args.turns)
-                        await bench.result(handle)
-                        walls.append((time.perf_counter() - began) * 1000 / args.turns)
-                        events = [e for h in await bench.history_chain(handle) for e in h.events]
-                        for part, ms in parts_of(events).items():
-                            sums[part] += ms
-                    wall[system] = statistics.median(walls)
-                    per_turn[system] = {
-                        part: round(ms / (args.reps * args.turns), 2)
-                        for part, ms in sorted(sums.items())
-                    }
-            finally:
-                bench.stop_workers()
-            load_after = os.getloadavg()[0]
-    finally:
-        model.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    settings = Settings(model_on_run_queue=args.model_on_run_queue)
+    async with standalone_bench(settings, "turn-parts") as bench:
+        load_before = os.getloadavg()[0]
+        for system in ("relaykit", "floor"):
+            worker = bench.worker(system)
+            for _ in range(2):  # warm-up: connections, sandbox imports, caches
+                await bench.timed(bench.start_turns(worker, 3))
+            sums: dict[str, float] = defaultdict(float)
+            walls = []
+            for _ in range(args.reps):
+                began = time.perf_counter()
+                handle = await bench.start_turns(worker, args.turns)
+                await bench.result(handle)
+                walls.append((time.perf_counter() - began) * 1000 / args.turns)
+                events = [e for h in await bench.history_chain(handle) for e in h.events]
+                for part, ms in parts_of(events).items():
+                    sums[part] += ms
+            wall[system] = statistics.median(walls)
+            per_turn[system] = {
+                part: round(ms / (args.reps * args.turns), 2)
+                for part, ms in sorted(sums.items())
+            }
+        load_after = os.getloadavg()[0]
     return {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit(),
