@@ -12,10 +12,8 @@ import asyncio
 import datetime
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -126,13 +124,8 @@ def source_info() -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
-    from relaykit.devserver import DevServer
-
-    from bench.context import Bench, Settings
-    from bench.procs import Child, children_of, leftover_children
+    from bench.context import Settings, standalone_bench
+    from bench.procs import leftover_children
     from bench.report import Results, markdown_table, targets_table, write_json
     from bench.scenarios import SCENARIOS, THROUGHPUT_RUNS
 
@@ -162,49 +155,23 @@ async def run(args: argparse.Namespace) -> int:
         "relaykit": source_info(),
     }
     began = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="relaykit-bench-")
-    model = Child(
-        "model-server",
-        ["-m", "bench.model_server", "--latency-ms", str(args.latency_ms),
-         "--response-bytes", str(args.response_bytes)],
-    )
-    bench: Bench | None = None
-    try:
-        async with DevServer(port=0, headless=True, in_memory=True) as server:
-            server_pid = next((pid for pid, name in children_of() if name == "temporal"), None)
-            model.start()
-            client = await Client.connect(
-                server.address, namespace=server.namespace, data_converter=pydantic_data_converter
-            )
-            bench = Bench(
-                settings, client, server.address, model.info, server_pid, model.pid, results,
-                workdir,
-            )
+    async with standalone_bench(settings, "main", results) as bench:
+        for name in args.scenarios:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            load_before = os.getloadavg()[0]
             try:
-                for name in args.scenarios:
-                    print(f"== {name}", file=sys.stderr, flush=True)
-                    started = time.monotonic()
-                    load_before = os.getloadavg()[0]
-                    try:
-                        await SCENARIOS[name](bench)
-                    except Exception as exc:  # noqa: BLE001 - report it, run the others
-                        results.failures[name] = "".join(
-                            traceback.format_exception_only(type(exc), exc)
-                        ).strip()
-                        traceback.print_exc()
-                    results.meta.setdefault("scenarios", {})[name] = {
-                        "seconds": round(time.monotonic() - started, 1),
-                        "load_average_before": load_before,
-                        "load_average_after": os.getloadavg()[0],
-                    }
-            finally:
-                bench.stop_workers()
-                model.stop()
-    finally:
-        if bench is not None:
-            bench.stop_workers()
-        model.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+                await SCENARIOS[name](bench)
+            except Exception as exc:  # noqa: BLE001 - report it, run the others
+                results.failures[name] = "".join(
+                    traceback.format_exception_only(type(exc), exc)
+                ).strip()
+                traceback.print_exc()
+            results.meta.setdefault("scenarios", {})[name] = {
+                "seconds": round(time.monotonic() - started, 1),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg()[0],
+            }
     left = leftover_children()
     results.meta["seconds"] = round(time.monotonic() - began, 1)
     results.meta["leftover_processes"] = [f"{pid} {name}" for pid, name in left]

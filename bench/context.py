@@ -324,16 +324,22 @@ class Bench:
 
 
 @contextlib.asynccontextmanager
-async def standalone_bench(settings: Settings, name: str) -> AsyncIterator[Bench]:
-    """A :class:`Bench` for a benchmark module run on its own: an in-memory dev server, the
-    scripted model server (answering at once) and a scratch directory, all gone on the way out,
+async def standalone_bench(
+    settings: Settings, name: str, results: Results | None = None
+) -> AsyncIterator[Bench]:
+    """A :class:`Bench` on servers of its own: an in-memory dev server, the scripted model
+    server (answering as ``settings`` say) and a scratch directory, all gone on the way out,
     with every worker the bench started."""
     from temporalio.contrib.pydantic import pydantic_data_converter
 
     from relaykit.devserver import DevServer
 
     workdir = tempfile.mkdtemp(prefix=f"relaykit-bench-{name}-")
-    model = Child("model-server", ["-m", "bench.model_server", "--latency-ms", "0"])
+    model = Child(
+        "model-server",
+        ["-m", "bench.model_server", "--latency-ms", str(settings.latency_ms),
+         "--response-bytes", str(settings.response_bytes)],
+    )
     try:
         async with DevServer(port=0, headless=True, in_memory=True) as server:
             server_pid = next((pid for pid, what in children_of() if what == "temporal"), None)
@@ -342,8 +348,8 @@ async def standalone_bench(settings: Settings, name: str) -> AsyncIterator[Bench
                 server.address, namespace=server.namespace, data_converter=pydantic_data_converter
             )
             bench = Bench(
-                settings, client, server.address, model.info, server_pid, model.pid, Results(),
-                workdir,
+                settings, client, server.address, model.info, server_pid, model.pid,
+                results if results is not None else Results(), workdir,
             )
             try:
                 yield bench
