@@ -400,7 +400,7 @@ async def replay(bench: Bench) -> None:
 
     from relaykit import registry
     from relaykit.graph import AgentGraph
-    from relaykit.worker import sandbox_runner
+    from relaykit.sandbox import sandbox_runner
     from relaykit.workflows.agent_run import AgentRun
 
     from bench.agents import build_agents

@@ -28,6 +28,7 @@ from relaykit.graph import AgentGraph
 from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec
 from relaykit.runs import RunInput
+from relaykit.sandbox import sandbox_runner
 from relaykit.search_attributes import (
     cost_registered,
     list_attributes_registered,
@@ -35,7 +36,7 @@ from relaykit.search_attributes import (
 )
 from relaykit.search_attributes import registered as search_attributes_registered
 from relaykit.stuck import first_line
-from relaykit.worker import default_model_from_env, sandbox_runner
+from relaykit.worker import default_model_from_env
 from relaykit.workflows.agent_run import AgentRun
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker as TemporalWorker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from relaykit import registry
 from relaykit.activities.decisions import record_decisions
@@ -33,6 +32,7 @@ from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.payload_conversion import shared_payload_conversion
 from relaykit.payload_storage import with_external_storage
+from relaykit.sandbox import sandbox_runner
 from relaykit.search_attributes import (
     cost_registered,
     list_attributes_registered,
@@ -57,15 +57,6 @@ run elsewhere costs far less."""
 DEFAULT_GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 """How long ``relaykit worker`` and ``relaykit dev`` let calls in flight finish on SIGTERM or
 Ctrl-C before cancelling them (cancelled calls are retried on another worker)."""
-
-
-def sandbox_runner(*extra_passthrough: str) -> SandboxedWorkflowRunner:
-    """The sandboxed runner relaykit workers use (relaykit's own modules passed through)."""
-    return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules(
-            "relaykit", "httpx", *extra_passthrough
-        )
-    )
 
 
 def default_model_from_env() -> ModelSpec | None:

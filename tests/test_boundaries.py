@@ -25,8 +25,8 @@ from relaykit import Agent, Handoff, RunHandle, registry, start_run, tool
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message, ToolCall
 from relaykit.model_output import check_calls
+from relaykit.sandbox import sandbox_runner
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
-from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
 from tests.support import eventually, history_events, scheduled_activities, scripted_model, serving
 from tests.test_approvals import waiting_for_approval

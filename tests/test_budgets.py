@@ -369,7 +369,7 @@ async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_today
 
     from relaykit import registry
     from relaykit.graph import AgentGraph
-    from relaykit.worker import sandbox_runner
+    from relaykit.sandbox import sandbox_runner
     from relaykit.workflows.agent_run import AgentRun
 
     model = priced_model(model_server)

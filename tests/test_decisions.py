@@ -16,8 +16,8 @@ from temporalio.worker import Replayer
 from relaykit import Agent, registry, start_run, tool
 from relaykit.graph import AgentGraph
 from relaykit.runs import RECORD_DECISIONS_ACTIVITY
+from relaykit.sandbox import sandbox_runner
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
-from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
 from tests.support import history_events, scripted_model, serving
 

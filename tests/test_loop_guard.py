@@ -16,6 +16,7 @@ from relaykit import Agent, Subagents, registry, start_run, tool
 from relaykit.errors import ConfigurationError
 from relaykit.graph import AgentGraph
 from relaykit.messages import Message
+from relaykit.sandbox import sandbox_runner
 from relaykit.testing.scripted_server import (
     ScriptedModelServer,
     ScriptedRequest,
@@ -23,7 +24,6 @@ from relaykit.testing.scripted_server import (
     call,
     text,
 )
-from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
 from tests.support import history_events, scheduled_activities, scripted_model, serving
 

@@ -682,7 +682,7 @@ async def replay(graph: Any, history: Any) -> Any:
     from temporalio.worker import Replayer
 
     from relaykit import registry
-    from relaykit.worker import sandbox_runner
+    from relaykit.sandbox import sandbox_runner
     from relaykit.workflows.agent_run import AgentRun
 
     build_id = f"mcp-{uuid.uuid4().hex[:8]}"

@@ -21,7 +21,7 @@ from temporalio.workflow import NondeterminismError
 
 from relaykit import registry
 from relaykit.graph import AgentGraph
-from relaykit.worker import sandbox_runner
+from relaykit.sandbox import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
 from tests.histories import agents
 from tests.histories.agents import SCENARIOS, Scenario

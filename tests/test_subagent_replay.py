@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from relaykit import registry
-from relaykit.worker import sandbox_runner
+from relaykit.sandbox import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
 from tests.histories import subagents
 

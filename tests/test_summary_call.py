@@ -19,6 +19,7 @@ from relaykit import Agent, ContextPolicy, fork_run, registry, start_run, tool
 from relaykit.authors import current_user
 from relaykit.devserver import DevServer
 from relaykit.graph import AgentGraph
+from relaykit.sandbox import sandbox_runner
 from relaykit.testing.scripted_server import (
     ScriptedModelServer,
     ScriptedRequest,
@@ -26,7 +27,6 @@ from relaykit.testing.scripted_server import (
     call,
     text,
 )
-from relaykit.worker import sandbox_runner
 from relaykit.workflows import model_turn
 from relaykit.workflows.agent_run import AgentRun
 from tests.support import activity_summaries, cli, history_events, scripted_model, serving

@@ -20,9 +20,9 @@ from temporalio.worker import Replayer
 
 from relaykit import Agent, ApprovalDecision, Worker, connect, registry, start_run, tool
 from relaykit.devserver import DevServer
+from relaykit.sandbox import sandbox_runner
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.tracing import TRACING_ENV, temporal_interceptor, tracing_enabled
-from relaykit.worker import sandbox_runner
 from relaykit.workflows.agent_run import AgentRun
 from tests.support import scripted_model
 
