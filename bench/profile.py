@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import re
 import shutil
 import signal
 import subprocess
@@ -67,6 +68,11 @@ def find_py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
+SANDBOX_GLUE = re.compile(r"[^;]* \(relaykit/sandbox\.py:\d+\);")
+"""relaykit's runner forwards the SDK's sandbox calls (``relaykit/sandbox.py``): its frames are
+left out, so those samples count where the SDK's own would."""
+
+
 def categorize(path: Path) -> tuple[collections.Counter[str], int]:
     counts: collections.Counter[str] = collections.Counter()
     total = 0
@@ -76,6 +82,7 @@ def categorize(path: Path) -> tuple[collections.Counter[str], int]:
             continue
         n = int(raw)
         total += n
+        stack = SANDBOX_GLUE.sub("", stack)
         for name, test in CATEGORIES:
             if test(stack):
                 counts[name] += n
