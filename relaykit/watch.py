@@ -45,6 +45,10 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _usd(value: Any) -> str:
+    return format_usd(float(value)) if isinstance(value, int | float) else "?"
+
+
 def describe(item: StreamEvent) -> str:
     """One line of text for an event (not for deltas); an operator action's ends with who took
     it."""
@@ -105,6 +109,27 @@ def _describe(item: StreamEvent) -> str:
     if kind == "budget_changed":
         limit = format_usd(float(data.get("limit") or 0))
         return "finish requested" if data.get("finish") else f"dollar limit now {limit}"
+    if kind == "budget_reached":
+        spent, limit = _usd(data.get("spent")), _usd(data.get("limit"))
+        then = (
+            "it makes its last call and finishes"
+            if data.get("then") == "finish"
+            else "it waits for `relaykit budget` to raise the limit or finish it"
+        )
+        return f"dollar limit reached: {spent} of {limit} spent; {then}"
+    if kind == "budget_asked":
+        return (
+            f"asks its parent {data.get('parent')} for {_usd(data.get('need'))} more "
+            f"({_usd(data.get('spent'))} of {_usd(data.get('limit'))} spent)"
+        )
+    if kind == "budget_granted":  # the parent's event names the child, the child's the parent
+        amount, verdict = _usd(data.get("amount")), data.get("verdict")
+        reason = f" ({_short(data['reason'], 80)})" if data.get("reason") else ""
+        if data.get("child"):
+            answer = f"granted {amount}" if verdict == "grant" else f"answered {verdict}"
+            return f"{answer} to child {data['child']}"
+        answer = f"granted {amount}" if verdict == "grant" else f"answered {verdict}{reason}"
+        return f"parent {data.get('from')} {answer}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"
     if kind == "subagent_finished":

@@ -392,8 +392,20 @@ async def events(
             print(
                 f"{event.seq:>5} t{event.turn:<3} {path:<30} {event.kind:<18} "
                 + (f"by {by}: " if by else "")
-                + json.dumps(event.data)[:120]
+                + json.dumps(_rounded(event.data))[:120]
             )
+
+
+def _rounded(value: Any) -> Any:
+    """Event data as a person reads it: amounts in dollars to six significant digits, not a
+    float's last bits (``--json`` keeps them exact)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rounded(item) for item in value]
+    return value
 
 
 @command

@@ -1,0 +1,154 @@
+"""``python -m bench.parked_memory``: what one parked run holds in a worker's Python heap, by
+where it was allocated, relaykit beside the floor.
+
+For each system, one fresh worker traces its allocations (``BENCH_TRACEMALLOC`` in
+``bench/worker.py``): a warm-up run is parked and answered, ``--runs`` runs are parked and the
+worker writes a snapshot, ``--runs`` more are parked and it writes another. The difference
+between the two snapshots, divided by ``--runs``, is what a parked run adds; each allocation is
+counted under the first group of :data:`GROUPS` its stack shows (``--frames`` deep). The worker's
+RSS is read at both moments as well, so the heap's share of a run's resident cost shows.
+
+Prints a markdown table and one JSON line (the figures, the load average, the commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.context import Bench, Settings, Worker, gather_limited, standalone_bench
+from bench.procs import commit
+from bench.scenarios import _wait_parked
+
+#: (group, test on the allocation's frames as "file:line" texts); the first that matches counts.
+GROUPS: list[tuple[str, Callable[[list[str]], bool]]] = [
+    ("payload conversion (converters, type adapters)", lambda f: _any(f, "converter", "payload_conversion")),
+    ("relaykit's models (state, events, input, messages)", lambda f: _any(f, "pydantic/", "relaykit/runs.py", "relaykit/messages.py")),
+    ("relaykit's workflow code", lambda f: _any(f, "relaykit/workflows/")),
+    ("relaykit's activity side (transcripts, model client)", lambda f: _any(f, "relaykit/activities/", "relaykit/transcripts", "relaykit/models/", "httpx", "httpcore")),
+    ("relaykit, other", lambda f: _any(f, "relaykit/")),
+    ("Temporal SDK: workflow instance and sandbox", lambda f: _any(f, "temporalio/worker/")),
+    ("Temporal SDK: other", lambda f: _any(f, "temporalio/")),
+    ("other", lambda f: True),
+]
+
+
+def _any(frames: list[str], *needles: str) -> bool:
+    return any(needle in frame for frame in frames for needle in needles)
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+async def _snapshot(worker: Worker, directory: Path, taken: int) -> tracemalloc.Snapshot:
+    os.kill(worker.pid, signal.SIGUSR1)
+    path = directory / f"{worker.pid}-{taken}.snapshot"
+    for _ in range(600):
+        await asyncio.sleep(0.1)
+        if path.exists():
+            size = path.stat().st_size
+            await asyncio.sleep(0.3)
+            if path.stat().st_size == size:
+                return tracemalloc.Snapshot.load(str(path))
+    raise TimeoutError(f"the worker wrote no snapshot {path.name}")
+
+
+async def _park(bench: Bench, worker: Worker, n: int, total: int) -> None:
+    await gather_limited(lambda _: bench.start_approval(worker), range(n), 50)
+    await _wait_parked(bench, worker, total)
+    await asyncio.sleep(2.0)  # the last workflow tasks complete, the cache settles
+
+
+async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> dict[str, Any]:
+    directory = Path(tempfile.mkdtemp(prefix="relaykit-bench-heap-"))
+    os.environ["BENCH_TRACEMALLOC"] = str(frames)
+    os.environ["BENCH_TRACEMALLOC_DIR"] = str(directory)
+    try:
+        worker = bench.start_worker(system)
+    finally:
+        del os.environ["BENCH_TRACEMALLOC"], os.environ["BENCH_TRACEMALLOC_DIR"]
+    try:
+        warm = await bench.start_approval(worker)
+        await _wait_parked(bench, worker, 1)
+        await bench.answer_approval(system, warm)
+        await bench.result(warm)
+        await _park(bench, worker, runs, runs)
+        first, rss_first = await _snapshot(worker, directory, 1), rss_kb(worker.pid)
+        await _park(bench, worker, runs, 2 * runs)
+        second, rss_second = await _snapshot(worker, directory, 2), rss_kb(worker.pid)
+    finally:
+        worker.stop()
+    groups = dict.fromkeys((name for name, _ in GROUPS), 0.0)
+    for stat in second.compare_to(first, "traceback"):
+        texts = [f"{frame.filename}:{frame.lineno}" for frame in stat.traceback]
+        name = next(name for name, test in GROUPS if test(texts))
+        groups[name] += stat.size_diff
+    per_run = {name: size / runs / 1000 for name, size in groups.items()}
+    return {
+        "heap_kb_per_run": per_run,
+        "heap_kb_per_run_total": sum(per_run.values()),
+        "rss_kb_per_run": (rss_second - rss_first) * 1.024 / runs,
+    }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    began = time.time()
+    figures: dict[str, Any] = {}
+    async with standalone_bench(Settings(), "parked-memory") as bench:
+        for system in ("relaykit", "floor"):
+            figures[system] = await measure_system(bench, system, args.runs, args.frames)
+    return {
+        "runs": args.runs,
+        "frames": args.frames,
+        "commit": commit(),
+        "seconds": round(time.time() - began, 1),
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        **figures,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    relaykit, floor = result["relaykit"], result["floor"]
+    lines = [
+        "| Python heap per parked run, kB | relaykit | floor |",
+        "|---|---|---|",
+    ]
+    for name, _ in GROUPS:
+        mine, theirs = relaykit["heap_kb_per_run"][name], floor["heap_kb_per_run"][name]
+        lines.append(f"| {name} | {mine:.1f} | {theirs:.1f} |")
+    lines.append(
+        f"| **Python heap in all** | **{relaykit['heap_kb_per_run_total']:.1f}** | "
+        f"**{floor['heap_kb_per_run_total']:.1f}** |"
+    )
+    lines.append(
+        f"| RSS per parked run (VmRSS growth) | {relaykit['rss_kb_per_run']:.1f} | "
+        f"{floor['rss_kb_per_run']:.1f} |"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100, help="runs parked per snapshot")
+    parser.add_argument("--frames", type=int, default=8, help="frames kept per allocation")
+    result = asyncio.run(measure(parser.parse_args()))
+    print(table(result))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
