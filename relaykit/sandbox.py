@@ -1,16 +1,24 @@
-"""The workflow sandbox relaykit workers run in: Temporal's own, with its glue compiled once.
+"""The workflow sandbox relaykit workers run in: Temporal's own, with less glue around it.
 
 Temporal's sandboxed runner reaches into each run's sandbox by executing a short piece of source
-text: to activate the run, and to learn the serialization context of every payload sequence a
-workflow task carries in or out (each of the SDK's six passes over the payloads asks again).
-``exec`` of a text compiles it anew every time, and in a busy worker that compilation was about
-a seventh of all its Python CPU (``bench/README.md``, "Worker CPU per turn: third round"). The
-texts are a handful of constants, so this runner compiles each once per process and executes
-the compiled code: the same statements, in the same sandbox, with the same restrictions.
+text with the sandbox's import machinery swapped in: to activate the run, and to learn the
+serialization and storage context of every payload sequence a workflow task carries in or out
+(each of the SDK's six passes over the payloads asks again). In a busy worker that glue was
+about a quarter of its Python CPU (``bench/README.md``, "Worker CPU per turn: third round"):
 
-It overrides one method of the SDK's private sandbox instance. Should a later SDK no longer have
-it, :func:`compiled_runner_supported` says so and :func:`sandbox_runner` falls back to the
-stock runner (``tests/test_sandbox.py`` fails first, so an upgrade notices).
+- ``exec`` of a text compiles it anew every time. The texts are a handful of constants, so this
+  runner compiles each once per process and executes the compiled code: the same statements, in
+  the same sandbox, with the same restrictions.
+- A context lookup reads which command a payload belongs to (an activity's type and id, a
+  child's workflow id) from the run's instance, and imports nothing. This runner asks the
+  instance directly, without swapping the import machinery in and out around the call. The
+  workflow's own code (each activation) still runs only inside the sandbox.
+
+Both override methods of the SDK's private sandbox instance, so they apply only on the SDK
+versions they were read against (:data:`VERIFIED_SDK`); on any other, :func:`sandbox_runner`
+returns the stock runner, which is slower and otherwise the same.
+``tests/test_sandbox.py`` checks that runs behave, and get the same contexts, as in the stock
+runner.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
+import temporalio
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -30,6 +39,10 @@ except ImportError:  # pragma: no cover - an SDK without it: the stock runner
 
 PASSTHROUGH = ("relaykit", "httpx")
 """Modules a run's sandbox shares with the worker instead of importing them again per run."""
+VERIFIED_SDK = ("1.35.",)
+"""The ``temporalio`` versions whose sandbox instance this module was read against."""
+_IN_SANDBOX = "__temporal_in_sandbox"
+"""Where the SDK keeps a run's in-sandbox instance, in the sandbox's globals."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -39,32 +52,49 @@ def compiled(code: str) -> CodeType:
     return compile(code, "<string>", "exec")
 
 
-def compiled_runner_supported() -> bool:
-    return _Instance is not None and callable(getattr(_Instance, "_run_code", None))
+def lean_runner_supported() -> bool:
+    return (
+        temporalio.__version__.startswith(VERIFIED_SDK)
+        and _Instance is not None
+        and all(
+            callable(getattr(_Instance, name, None))
+            for name in ("_run_code", "get_serialization_context", "get_external_store_context")
+        )
+    )
 
 
-if compiled_runner_supported():
+if _Instance is not None:
 
-    class _CompiledInstance(_Instance):
+    class _LeanInstance(_Instance):
         def _run_code(self, code: str, **extra_globals: Any) -> None:
             super()._run_code(compiled(code), **extra_globals)  # type: ignore[arg-type]
 
+        def get_serialization_context(self, command_info: Any) -> Any:
+            return self._in_sandbox.get_serialization_context(command_info)
+
+        def get_external_store_context(self, command_info: Any) -> Any:
+            return self._in_sandbox.get_external_store_context(command_info)
+
+        @property
+        def _in_sandbox(self) -> Any:
+            return self.globals_and_locals[_IN_SANDBOX]
+
 
 @dataclass(frozen=True)
-class CompiledSandboxRunner(SandboxedWorkflowRunner):
-    """:class:`~temporalio.worker.workflow_sandbox.SandboxedWorkflowRunner`, whose runs execute
-    the SDK's glue from code compiled once per process (see the module docstring)."""
+class LeanSandboxRunner(SandboxedWorkflowRunner):
+    """:class:`~temporalio.worker.workflow_sandbox.SandboxedWorkflowRunner` with less glue
+    around each call into a run's sandbox (see the module docstring)."""
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _CompiledInstance(det, self.runner_class, self.restrictions)
+        return _LeanInstance(det, self.runner_class, self.restrictions)
 
 
 def sandbox_runner(*extra_passthrough: str) -> SandboxedWorkflowRunner:
-    """The sandboxed runner relaykit workers use: relaykit's own modules passed through, the
-    SDK's glue compiled once."""
+    """The sandboxed runner relaykit workers use: relaykit's own modules passed through, and
+    on a verified SDK the lean glue of :class:`LeanSandboxRunner`."""
     restrictions = SandboxRestrictions.default.with_passthrough_modules(
         *PASSTHROUGH, *extra_passthrough
     )
-    if not compiled_runner_supported():  # pragma: no cover - see the module docstring
+    if not lean_runner_supported():  # pragma: no cover - see the module docstring
         return SandboxedWorkflowRunner(restrictions=restrictions)
-    return CompiledSandboxRunner(restrictions=restrictions)
+    return LeanSandboxRunner(restrictions=restrictions)

@@ -123,12 +123,12 @@ def _describe(item: StreamEvent) -> str:
             f"({_usd(data.get('spent'))} of {_usd(data.get('limit'))} spent)"
         )
     if kind == "budget_granted":  # the parent's event names the child, the child's the parent
-        amount, verdict = _usd(data.get("amount")), data.get("verdict")
+        amount, given = _usd(data.get("amount")), str(data.get("verdict"))
         reason = f" ({_short(data['reason'], 80)})" if data.get("reason") else ""
         if data.get("child"):
-            answer = f"granted {amount}" if verdict == "grant" else f"answered {verdict}"
+            answer = f"granted {amount}" if given == "grant" else f"answered {given}"
             return f"{answer} to child {data['child']}"
-        answer = f"granted {amount}" if verdict == "grant" else f"answered {verdict}{reason}"
+        answer = f"granted {amount}" if given == "grant" else f"answered {given}{reason}"
         return f"parent {data.get('from')} {answer}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"
