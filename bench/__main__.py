@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-cached-workflows", type=int, default=None,
         help="sticky cache size of both workers (default: the SDK's, 1000)",
     )
+    parser.add_argument(
+        "--floor-lean-runner", action="store_true",
+        help="the floor's worker on relaykit's sandbox runner instead of the stock one (a "
+        "reference: what that runner alone saves a bare workflow)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS_PATH, help="where to write JSON")
     args = parser.parse_args(argv)
     args.scenarios = [name.strip() for name in args.scenarios.split(",") if name.strip()]
@@ -137,6 +142,7 @@ async def run(args: argparse.Namespace) -> int:
         throughput_runs=args.throughput_runs,
         reps=args.reps,
         max_cached_workflows=args.max_cached_workflows,
+        floor_lean_runner=args.floor_lean_runner,
     )
     results = Results()
     results.meta = {
@@ -150,6 +156,7 @@ async def run(args: argparse.Namespace) -> int:
             "throughput_runs": settings.throughput_runs or THROUGHPUT_RUNS,
             "reps": args.reps,
             "max_cached_workflows": args.max_cached_workflows,
+            "floor_lean_runner": args.floor_lean_runner,
         },
         "machine": machine_info(),
         "relaykit": source_info(),

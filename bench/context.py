@@ -62,6 +62,9 @@ class Settings:
     """Sticky cache size of both workers (``None``: the Temporal SDK's default, 1000)."""
     model_on_run_queue: bool = False
     """relaykit's model calls on the run queue (docs/fleet.md) instead of the provider queue."""
+    floor_lean_runner: bool = False
+    """The floor's worker on relaykit's sandbox runner (``relaykit/sandbox.py``), not the stock
+    one: a reference for what that runner alone saves a bare workflow."""
 
     def repetitions(self, full: int, quick: int) -> int:
         if self.reps is not None:
@@ -159,6 +162,8 @@ class Bench:
                 args.append("--model-on-run-queue")
         else:
             args += ["--latency-ms", str(self.settings.latency_ms)]
+            if self.settings.floor_lean_runner:
+                args.append("--lean-runner")
         child = Child(
             f"{system}-worker",
             args,

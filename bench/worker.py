@@ -29,10 +29,14 @@ from temporalio.worker import Worker as TemporalWorker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 
-def floor_runner() -> SandboxedWorkflowRunner:
-    return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules("bench")
-    )
+def floor_runner(lean: bool = False) -> SandboxedWorkflowRunner:
+    """The stock sandboxed runner, or (``lean``) relaykit's (``relaykit/sandbox.py``)."""
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("bench")
+    if lean:
+        from relaykit.sandbox import LeanSandboxRunner
+
+        return LeanSandboxRunner(restrictions=restrictions)
+    return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
 def _trace_allocations() -> None:
@@ -75,7 +79,7 @@ async def serve(args: argparse.Namespace) -> None:
             task_queue=args.task_queue,
             workflows=FLOOR_WORKFLOWS,
             activities=floor_activities(args.latency_ms / 1000.0),
-            workflow_runner=floor_runner(),
+            workflow_runner=floor_runner(args.lean_runner),
             **options,
         )
     stop = asyncio.Event()
@@ -100,6 +104,11 @@ def main(argv: list[str] | None = None) -> None:
         "--model-on-run-queue",
         action="store_true",
         help="relaykit: the model's calls on the run queue instead of its provider queue",
+    )
+    parser.add_argument(
+        "--lean-runner",
+        action="store_true",
+        help="floor: relaykit's sandbox runner instead of the stock one",
     )
     asyncio.run(serve(parser.parse_args(argv)))
 
