@@ -32,10 +32,22 @@ from bench.scenarios import _wait_parked
 
 #: (group, test on the allocation's frames as "file:line" texts); the first that matches counts.
 GROUPS: list[tuple[str, Callable[[list[str]], bool]]] = [
-    ("payload conversion (converters, type adapters)", lambda f: _any(f, "converter", "payload_conversion")),
-    ("relaykit's models (state, events, input, messages)", lambda f: _any(f, "pydantic/", "relaykit/runs.py", "relaykit/messages.py")),
+    (
+        "payload conversion (converters, type adapters)",
+        lambda f: _any(f, "converter", "payload_conversion"),
+    ),
+    (
+        "relaykit's models (state, events, input, messages)",
+        lambda f: _any(f, "pydantic/", "relaykit/runs.py", "relaykit/messages.py"),
+    ),
     ("relaykit's workflow code", lambda f: _any(f, "relaykit/workflows/")),
-    ("relaykit's activity side (transcripts, model client)", lambda f: _any(f, "relaykit/activities/", "relaykit/transcripts", "relaykit/models/", "httpx", "httpcore")),
+    (
+        "relaykit's activity side (transcripts, model client)",
+        lambda f: _any(
+            f, "relaykit/activities/", "relaykit/transcripts", "relaykit/models/", "httpx",
+            "httpcore",
+        ),
+    ),
     ("relaykit, other", lambda f: _any(f, "relaykit/")),
     ("Temporal SDK: workflow instance and sandbox", lambda f: _any(f, "temporalio/worker/")),
     ("Temporal SDK: other", lambda f: _any(f, "temporalio/")),
