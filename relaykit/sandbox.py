@@ -4,7 +4,7 @@ Temporal's sandboxed runner reaches into each run's sandbox by executing a short
 text with the sandbox's import machinery swapped in: to activate the run, and to learn the
 serialization and storage context of every payload sequence a workflow task carries in or out
 (each of the SDK's six passes over the payloads asks again). In a busy worker that glue was
-about a quarter of its Python CPU (``bench/README.md``, "Worker CPU per turn: third round"):
+about a fifth of its Python CPU (``bench/README.md``, "Worker CPU per turn: third round"):
 
 - ``exec`` of a text compiles it anew every time. The texts are a handful of constants, so this
   runner compiles each once per process and executes the compiled code: the same statements, in
