@@ -25,7 +25,7 @@ from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, MODEL_ACTIVITY
 from bench import agents
 from bench.floor import FLOOR_MODEL
 from bench.history import HistoryStats, history_stats
-from bench.procs import Child, children_of, cpu_seconds, memory_kb
+from bench.procs import Child, children_of, commit, cpu_seconds, memory_kb
 from bench.report import SYSTEMS, Results
 
 T = TypeVar("T")
@@ -363,3 +363,24 @@ async def standalone_bench(
     finally:
         model.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def side_by_side(
+    name: str, measure_system: Callable[[Bench, str], Awaitable[Any]], **options: Any
+) -> dict[str, Any]:
+    """``measure_system(bench, system)`` for relaykit, then the floor, on one standalone bench;
+    with ``options`` (the command's), the commit, the time taken and the load average around it,
+    as the benchmarks that run alone print them."""
+    load_before = os.getloadavg()[0]
+    began = time.time()
+    figures: dict[str, Any] = {}
+    async with standalone_bench(Settings(), name) as bench:
+        for system in SYSTEMS:
+            figures[system] = await measure_system(bench, system)
+    return {
+        **options,
+        "commit": commit(),
+        "seconds": round(time.time() - began, 1),
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        **figures,
+    }

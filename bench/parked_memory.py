@@ -20,14 +20,12 @@ import json
 import os
 import signal
 import tempfile
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.context import Bench, Settings, Worker, gather_limited, standalone_bench
-from bench.procs import commit
+from bench.context import Bench, Worker, gather_limited, side_by_side
 from bench.scenarios import _wait_parked
 
 #: (group, test on the allocation's frames as "file:line" texts); the first that matches counts.
@@ -44,7 +42,11 @@ GROUPS: list[tuple[str, Callable[[list[str]], bool]]] = [
     (
         "relaykit's activity side (transcripts, model client)",
         lambda f: _any(
-            f, "relaykit/activities/", "relaykit/transcripts", "relaykit/models/", "httpx",
+            f,
+            "relaykit/activities/",
+            "relaykit/transcripts",
+            "relaykit/models/",
+            "httpx",
             "httpcore",
         ),
     ),
@@ -122,20 +124,12 @@ async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> d
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    load_before = os.getloadavg()[0]
-    began = time.time()
-    figures: dict[str, Any] = {}
-    async with standalone_bench(Settings(), "parked-memory") as bench:
-        for system in ("relaykit", "floor"):
-            figures[system] = await measure_system(bench, system, args.runs, args.frames)
-    return {
-        "runs": args.runs,
-        "frames": args.frames,
-        "commit": commit(),
-        "seconds": round(time.time() - began, 1),
-        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-        **figures,
-    }
+    return await side_by_side(
+        "parked-memory",
+        lambda b, s: measure_system(b, s, args.runs, args.frames),
+        runs=args.runs,
+        frames=args.frames,
+    )
 
 
 def table(result: dict[str, Any]) -> str:

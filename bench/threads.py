@@ -18,12 +18,10 @@ import asyncio
 import collections
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.context import Settings, gather_limited, standalone_bench
-from bench.procs import commit
+from bench.context import gather_limited, side_by_side
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -75,20 +73,12 @@ async def measure_system(bench: Any, system: str, runs: int, turns: int) -> dict
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    load_before = os.getloadavg()[0]
-    began = time.time()
-    figures: dict[str, Any] = {}
-    async with standalone_bench(Settings(), "threads") as bench:
-        for system in ("relaykit", "floor"):
-            figures[system] = await measure_system(bench, system, args.runs, args.turns)
-    return {
-        "runs": args.runs,
-        "turns": args.turns,
-        "commit": commit(),
-        "seconds": round(time.time() - began, 1),
-        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-        **figures,
-    }
+    return await side_by_side(
+        "threads",
+        lambda b, s: measure_system(b, s, args.runs, args.turns),
+        runs=args.runs,
+        turns=args.turns,
+    )
 
 
 def table(result: dict[str, Any]) -> str:
