@@ -229,3 +229,44 @@ async def test_a_namespace_registered_before_the_list_attributes_still_lists_and
     assert await count_waiting(bare) == {"approval": 0, "budget": 0, "paused": 0}
     page = await list_runs_page(bare, counts=True)
     assert page.rows == [] and page.counts == {"approval": 0, "budget": 0, "paused": 0}
+
+
+def test_the_runs_table_cuts_no_cell_on_a_narrow_terminal() -> None:
+    # 60 columns, a table that needs about 130: every id, status and figure is printed whole
+    # (the terminal wraps the line); before, the status read "waiting_pa…" and the id was cut.
+    import io
+
+    from rich.console import Console
+
+    from relaykit.cli.listing import print_uncut
+    from relaykit.run_list import RunRow, RunWaiting
+    from relaykit.watch import runs_table
+
+    now = datetime.now(UTC)
+    row = RunRow(
+        run_id="research_lead-8313e229bf0e",
+        execution="e",
+        agent="research_lead",
+        status="waiting_parent_budget",
+        waiting=RunWaiting(reason="approval"),
+        tenant="acme",
+        tokens=123456,
+        cost_usd=0.0123,
+        started=now - timedelta(hours=3),
+        last_activity=now - timedelta(minutes=2),
+        build_id="build-2026-12-01",
+    )
+    out = io.StringIO()
+    print_uncut(runs_table([row]), Console(width=60, file=out))
+    printed = out.getvalue()
+    for cell in (
+        row.run_id,
+        row.status,
+        "approval",
+        row.agent,
+        "123,456",
+        "$0.0123",
+        "build-2026-12-01",
+    ):
+        assert cell in printed, (cell, printed)
+    assert "…" not in printed

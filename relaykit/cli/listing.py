@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 from temporalio.service import RPCError
 
 from relaykit.cli.common import (
@@ -125,12 +127,15 @@ async def runs(
     else:
         from relaykit.watch import runs_table
 
-        table = runs_table(rows)
-        # Ids are what people copy into the next command: never shortened to fit the terminal.
-        run_column = table.columns[0]
-        run_column.no_wrap = True
-        run_column.min_width = max(len(row.run_id) + (2 if row.parent else 0) for row in rows)
-        wide = Console(width=max(console.width, run_column.min_width + 80), soft_wrap=True)
-        wide.print(table)
+        print_uncut(runs_table(rows), console)
     if more:
         err_console.print(more, highlight=False, soft_wrap=True)
+
+
+def print_uncut(table: Table, console: Console) -> None:
+    """Print ``table`` with no cell shortened to fit the terminal: ids are what people copy
+    into the next command, and a status cut to "waiting_pa…" says nothing. A terminal
+    narrower than the table wraps its lines instead."""
+    needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    wide = Console(width=max(console.width, needed), soft_wrap=True, file=console.file)
+    wide.print(table)
