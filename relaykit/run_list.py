@@ -65,7 +65,14 @@ from relaykit.stuck import stuck_from
 from relaykit.versioning import run_build
 
 WaitingReason = Literal[
-    "approval", "unknown_outcome", "budget", "paused", "rate_limit", "backoff", "stuck"
+    "approval",
+    "unknown_outcome",
+    "budget",
+    "paused",
+    "rate_limit",
+    "backoff",
+    "stuck",
+    "parent_budget",
 ]
 
 COUNTED_REASONS: Final = ("approval", "unknown_outcome", "budget", "paused")
@@ -323,7 +330,11 @@ _PERSON_REASONS: Final[dict[str, WaitingReason]] = {
     "waiting_approval": "approval",
     "budget_reached": "budget",
     "paused": "paused",
+    "waiting_parent_budget": "parent_budget",
 }
+"""What an open run's status says it waits for. ``parent_budget``: a child at its dollar
+reservation waits for its parent's answer (a person acts on the parent, whose row says
+``budget`` when it waits at its own limit); shown, not counted or filtered."""
 
 
 def row_of(execution: WorkflowExecution) -> RunRow:

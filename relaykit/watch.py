@@ -411,6 +411,7 @@ def waiting_text(waiting: RunWaiting | None, now: datetime | None = None) -> str
         "approval": "approval",
         "unknown_outcome": "unknown outcome",
         "budget": "budget",
+        "parent_budget": "parent's budget",
         "paused": "paused",
         "rate_limit": "rate limit",
         "backoff": "backoff",

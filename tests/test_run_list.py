@@ -270,3 +270,32 @@ def test_the_runs_table_cuts_no_cell_on_a_narrow_terminal() -> None:
     ):
         assert cell in printed, (cell, printed)
     assert "…" not in printed
+
+
+def test_a_child_waiting_for_its_parents_budget_says_so_in_the_list() -> None:
+    # Its status is not one a person acts on (the parent is), so it was the one waiting run
+    # whose WAITING cell was empty.
+    from temporalio.api.enums.v1 import WorkflowExecutionStatus as Status
+    from temporalio.api.workflow.v1 import WorkflowExecutionInfo
+    from temporalio.client import WorkflowExecution
+    from temporalio.common import SearchAttributePair, TypedSearchAttributes
+    from temporalio.converter import DataConverter, encode_search_attributes
+
+    from relaykit.run_list import row_of
+    from relaykit.search_attributes import RELAY_STATUS
+    from relaykit.watch import waiting_text
+
+    def listed(status: str) -> Any:
+        info = WorkflowExecutionInfo(status=Status.WORKFLOW_EXECUTION_STATUS_RUNNING)
+        info.execution.workflow_id = "lead-1/task-2"
+        encode_search_attributes(
+            TypedSearchAttributes([SearchAttributePair(RELAY_STATUS, status)]),
+            info.search_attributes,
+        )
+        return row_of(WorkflowExecution._from_raw_info(info, "default", DataConverter.default))
+
+    child = listed("waiting_parent_budget")
+    assert child.waiting is not None and child.waiting.reason == "parent_budget"
+    assert waiting_text(child.waiting) == "parent's budget"
+    assert listed("running").waiting is None
+    assert waiting_text(listed("budget_reached").waiting) == "budget"

@@ -73,7 +73,8 @@ class ConsoleRow:
     last_activity: datetime | None
     parent: str | None = None
     reason: str | None = None
-    """What it waits for: one of :data:`relaykit.run_list.REASONS`, ``None`` for nothing."""
+    """What it waits for: one of :data:`relaykit.run_list.REASONS`, or ``parent_budget`` (a
+    child waiting for its parent's answer: shown, not filtered), ``None`` for nothing."""
     detail: str = ""
     """The wait in words (the calls, the provider's limit, attempt and next try, the cause)."""
     approvals: list[PendingApproval] = field(default_factory=list)
