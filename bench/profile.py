@@ -68,7 +68,7 @@ def find_py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-SANDBOX_GLUE = re.compile(r"[^;]* \(relaykit/sandbox\.py:\d+\);")
+SANDBOX_GLUE = re.compile(r"[^;]* \(relaykit/sandbox\.py:\d+\)(;|$)")
 """relaykit's runner forwards the SDK's sandbox calls (``relaykit/sandbox.py``): its frames are
 left out, so those samples count where the SDK's own would."""
 

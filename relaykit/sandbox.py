@@ -15,8 +15,8 @@ about a fifth of its Python CPU (``bench/README.md``, "Worker CPU per turn: thir
   workflow's own code (each activation) still runs only inside the sandbox.
 
 Both override methods of the SDK's private sandbox instance, so they apply only on the SDK
-versions they were read against (:data:`VERIFIED_SDK`); on any other, :func:`sandbox_runner`
-returns the stock runner, which is slower and otherwise the same.
+versions they were read against (:data:`VERIFIED_SDK`); on any other, :class:`LeanSandboxRunner`
+creates the stock instances, which are slower and otherwise the same.
 ``tests/test_sandbox.py`` checks that runs behave, and get the same contexts, as in the stock
 runner.
 """
@@ -63,6 +63,8 @@ def lean_runner_supported() -> bool:
     )
 
 
+_SUPPORTED = lean_runner_supported()
+
 if _Instance is not None:
 
     class _LeanInstance(_Instance):
@@ -86,15 +88,16 @@ class LeanSandboxRunner(SandboxedWorkflowRunner):
     around each call into a run's sandbox (see the module docstring)."""
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        if not _SUPPORTED:  # pragma: no cover - another SDK: the stock instance
+            return super().create_instance(det)
         return _LeanInstance(det, self.runner_class, self.restrictions)
 
 
 def sandbox_runner(*extra_passthrough: str) -> SandboxedWorkflowRunner:
     """The sandboxed runner relaykit workers use: relaykit's own modules passed through, and
     on a verified SDK the lean glue of :class:`LeanSandboxRunner`."""
-    restrictions = SandboxRestrictions.default.with_passthrough_modules(
-        *PASSTHROUGH, *extra_passthrough
+    return LeanSandboxRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(
+            *PASSTHROUGH, *extra_passthrough
+        )
     )
-    if not lean_runner_supported():  # pragma: no cover - see the module docstring
-        return SandboxedWorkflowRunner(restrictions=restrictions)
-    return LeanSandboxRunner(restrictions=restrictions)

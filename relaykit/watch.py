@@ -123,12 +123,14 @@ def _describe(item: StreamEvent) -> str:
             f"({_usd(data.get('spent'))} of {_usd(data.get('limit'))} spent)"
         )
     if kind == "budget_granted":  # the parent's event names the child, the child's the parent
-        amount, given = _usd(data.get("amount")), str(data.get("verdict"))
         reason = f" ({_short(data['reason'], 80)})" if data.get("reason") else ""
+        answer = (
+            f"granted {_usd(data.get('amount'))}"
+            if data.get("verdict") == "grant"
+            else f"answered {data.get('verdict')}{reason}"
+        )
         if data.get("child"):
-            answer = f"granted {amount}" if given == "grant" else f"answered {given}"
             return f"{answer} to child {data['child']}"
-        answer = f"granted {amount}" if given == "grant" else f"answered {given}{reason}"
         return f"parent {data.get('from')} {answer}"
     if kind == "subagent_started":
         return f"{data.get('id')} ({data.get('agent')}) started"

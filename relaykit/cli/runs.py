@@ -397,8 +397,8 @@ async def events(
 
 
 def _rounded(value: Any) -> Any:
-    """Event data as a person reads it: amounts in dollars to six significant digits, not a
-    float's last bits (``--json`` keeps them exact)."""
+    """Event data as a person reads it: floats (dollar amounts, mostly) to six significant
+    digits, not their last bits (``--json`` keeps them exact)."""
     if isinstance(value, float):
         return float(f"{value:.6g}")
     if isinstance(value, dict):
