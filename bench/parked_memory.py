@@ -5,9 +5,14 @@ For each system, one fresh worker traces its allocations (``BENCH_TRACEMALLOC`` 
 ``bench/worker.py``): a warm-up run is parked and answered, ``--runs`` runs are parked and the
 worker writes a snapshot, ``--runs`` more are parked and it writes another. The difference
 between the two snapshots, divided by ``--runs``, is what a parked run adds; each allocation is
-counted under the first group of :data:`GROUPS` its stack shows (``--frames`` deep). The worker's
-RSS is read at both moments as well; tracing inflates it (each allocation's frames are kept),
-so ``python -m bench --scenarios idle`` is the figure for RSS.
+counted under the first group of :data:`GROUPS` its stack shows (``--frames`` deep).
+
+Then a second fresh worker, which traces nothing, parks the same runs, and at both moments reads
+its RSS and ``malloc``'s own count of the bytes in use (glibc's ``mallinfo2``). That count less
+Python's blocks over 512 bytes (Python takes them from ``malloc``; the traced worker tells their
+size) is what the rest of the process holds per parked run: mostly Core's Rust side, its copy
+of each cached run. (Tracing's own records come from ``malloc`` too, so the untraced worker
+gives these two figures.) ``python -m bench --scenarios idle`` remains the figure for RSS.
 
 Prints a markdown table and one JSON line (the figures, the load average, the commit).
 """
@@ -68,17 +73,32 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-async def _snapshot(worker: Worker, directory: Path, taken: int) -> tracemalloc.Snapshot:
+#: Python takes blocks over this size from ``malloc``, smaller ones from its own arenas.
+SMALL_REQUEST_THRESHOLD = 512
+
+
+async def _snapshot(
+    worker: Worker, directory: Path, taken: int, traced: bool
+) -> tuple[tracemalloc.Snapshot | None, dict[str, int]]:
+    """The worker writes its snapshot (if it traces) and then its malloc count."""
     os.kill(worker.pid, signal.SIGUSR1)
-    path = directory / f"{worker.pid}-{taken}.snapshot"
+    stem = directory / f"{worker.pid}-{taken}"
+    malloc = Path(f"{stem}.malloc.json")
     for _ in range(600):
         await asyncio.sleep(0.1)
-        if path.exists():
-            size = path.stat().st_size
-            await asyncio.sleep(0.3)
-            if path.stat().st_size == size:
-                return tracemalloc.Snapshot.load(str(path))
-    raise TimeoutError(f"the worker wrote no snapshot {path.name}")
+        if malloc.exists():
+            snapshot = tracemalloc.Snapshot.load(f"{stem}.snapshot") if traced else None
+            return snapshot, json.loads(malloc.read_text())
+    raise TimeoutError(f"the worker wrote no snapshot {stem.name}")
+
+
+def _python_large(snapshot: tracemalloc.Snapshot) -> int:
+    """Bytes of Python's blocks that came from ``malloc``."""
+    return sum(trace.size for trace in snapshot.traces if trace.size > SMALL_REQUEST_THRESHOLD)
+
+
+def _malloc_total(malloc: dict[str, int]) -> int | None:
+    return malloc["heap"] + malloc["mmapped"] if malloc else None
 
 
 async def _park(bench: Bench, worker: Worker, n: int, total: int) -> None:
@@ -87,7 +107,11 @@ async def _park(bench: Bench, worker: Worker, n: int, total: int) -> None:
     await asyncio.sleep(2.0)  # the last workflow tasks complete, the cache settles
 
 
-async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> dict[str, Any]:
+async def _park_twice(
+    bench: Bench, system: str, runs: int, frames: int
+) -> tuple[list[tuple[tracemalloc.Snapshot | None, dict[str, int]]], list[int]]:
+    """A fresh worker (tracing ``frames`` deep, or not at all): a warm-up run, then ``runs``
+    parked runs and a snapshot, ``runs`` more and another."""
     directory = Path(tempfile.mkdtemp(prefix="relaykit-bench-heap-", dir=bench.workdir))
     os.environ["BENCH_TRACEMALLOC"] = str(frames)
     os.environ["BENCH_TRACEMALLOC_DIR"] = str(directory)
@@ -95,17 +119,25 @@ async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> d
         worker = bench.start_worker(system)
     finally:
         del os.environ["BENCH_TRACEMALLOC"], os.environ["BENCH_TRACEMALLOC_DIR"]
+    snapshots, rss = [], []
     try:
         warm = await bench.start_approval(worker)
         await _wait_parked(bench, worker, 1)
         await bench.answer_approval(system, warm)
         await bench.result(warm)
-        await _park(bench, worker, runs, runs)
-        first, rss_first = await _snapshot(worker, directory, 1), rss_kb(worker.pid)
-        await _park(bench, worker, runs, 2 * runs)
-        second, rss_second = await _snapshot(worker, directory, 2), rss_kb(worker.pid)
+        for taken in (1, 2):
+            await _park(bench, worker, runs, taken * runs)
+            snapshots.append(await _snapshot(worker, directory, taken, traced=frames > 0))
+            rss.append(rss_kb(worker.pid))
     finally:
         worker.stop()
+    return snapshots, rss
+
+
+async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> dict[str, Any]:
+    traced, _ = await _park_twice(bench, system, runs, frames)
+    first, second = traced[0][0], traced[1][0]
+    assert first is not None and second is not None
     groups = dict.fromkeys((name for name, _ in GROUPS), 0.0)
     for stat in second.compare_to(first, "traceback"):
         texts = [
@@ -116,10 +148,18 @@ async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> d
         name = next(name for name, test in GROUPS if test(texts))
         groups[name] += stat.size_diff
     per_run = {name: size / runs / 1000 for name, size in groups.items()}
+    python_large = (_python_large(second) - _python_large(first)) / runs / 1000
+    # Untraced: tracing's own records come from malloc too, and inflate the RSS.
+    untraced, rss = await _park_twice(bench, system, runs, 0)
+    before, after = (_malloc_total(malloc) for _, malloc in untraced)
+    outside = (
+        None if before is None or after is None else (after - before) / runs / 1000 - python_large
+    )
     return {
         "heap_kb_per_run": per_run,
         "heap_kb_per_run_total": sum(per_run.values()),
-        "rss_kb_per_run": (rss_second - rss_first) * 1.024 / runs,
+        "outside_python_kb_per_run": outside,
+        "rss_kb_per_run": (rss[1] - rss[0]) * 1.024 / runs,
     }
 
 
@@ -145,8 +185,14 @@ def table(result: dict[str, Any]) -> str:
         f"| **Python heap in all** | **{relaykit['heap_kb_per_run_total']:.1f}** | "
         f"**{floor['heap_kb_per_run_total']:.1f}** |"
     )
+    mine, theirs = relaykit["outside_python_kb_per_run"], floor["outside_python_kb_per_run"]
+    if mine is not None and theirs is not None:
+        lines.append(
+            "| outside the Python heap (malloc in use, less Python's blocks: Core) | "
+            f"{mine:.1f} | {theirs:.1f} |"
+        )
     lines.append(
-        f"| RSS per parked run (VmRSS growth, tracing on: inflated) | "
+        "| RSS per parked run (VmRSS growth, a worker that traces nothing) | "
         f"{relaykit['rss_kb_per_run']:.1f} | "
         f"{floor['rss_kb_per_run']:.1f} |"
     )

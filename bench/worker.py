@@ -10,13 +10,18 @@ converter, and both pass their own package through the workflow sandbox. Prints 
 With ``BENCH_TRACEMALLOC=<frames>`` in its environment the worker traces its Python allocations
 from the start, and each SIGUSR1 writes a snapshot into ``BENCH_TRACEMALLOC_DIR`` (the current
 directory by default): diffing two snapshots taken at N and 2N parked runs tells what a waiting
-run holds in the Python heap.
+run holds in the Python heap. Beside each snapshot it writes ``malloc``'s own count of the bytes in
+use (``<pid>-<n>.malloc.json``), which also counts what Core's Rust side holds; with
+``BENCH_TRACEMALLOC=0`` it writes only that count, from a worker that traces nothing (tracing's
+own records are ``malloc``'s too).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import json
 import os
 import signal
 import tracemalloc
@@ -39,18 +44,55 @@ def floor_runner(lean: bool = False) -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def malloc_in_use() -> dict[str, int]:
+    """glibc's own count of the bytes ``malloc`` has handed out and not got back: Core's Rust
+    allocations and Python's blocks over 512 bytes (Python's small objects live in arenas of
+    their own, which tracemalloc sees). Empty where glibc has no ``mallinfo2``."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return {"heap": info.uordblks, "mmapped": info.hblkhd}
+
+
 def _trace_allocations() -> None:
     frames = os.environ.get("BENCH_TRACEMALLOC")
     if not frames:
         return
-    tracemalloc.start(int(frames))
+    if int(frames) > 0:
+        tracemalloc.start(int(frames))
     directory = Path(os.environ.get("BENCH_TRACEMALLOC_DIR", "."))
     taken = 0
 
     def dump(*_: object) -> None:
         nonlocal taken
         taken += 1
-        tracemalloc.take_snapshot().dump(str(directory / f"{os.getpid()}-{taken}.snapshot"))
+        stem = directory / f"{os.getpid()}-{taken}"
+        if tracemalloc.is_tracing():
+            tracemalloc.take_snapshot().dump(f"{stem}.snapshot.part")
+            os.replace(f"{stem}.snapshot.part", f"{stem}.snapshot")
+        Path(f"{stem}.malloc.part").write_text(json.dumps(malloc_in_use()))
+        os.replace(f"{stem}.malloc.part", f"{stem}.malloc.json")
 
     signal.signal(signal.SIGUSR1, dump)
 
