@@ -65,6 +65,9 @@ class Settings:
     floor_lean_runner: bool = False
     """The floor's worker on relaykit's sandbox runner (``relaykit/sandbox.py``), not the stock
     one: a reference for what that runner alone saves a bare workflow."""
+    floor_extra: str = ""
+    """One kind of command the floor's approval workflow adds before its wait
+    (``bench.floor.APPROVAL_EXTRAS``; empty: none)."""
 
     def repetitions(self, full: int, quick: int) -> int:
         if self.reps is not None:
@@ -263,8 +266,8 @@ class Bench:
             )
             return run.workflow
         return await self.client.start_workflow(
-            "FloorApproval", id=self._id("floor", "approve"), task_queue=worker.task_queue,
-            result_type=str,
+            "FloorApproval", args=[self.settings.floor_extra] if self.settings.floor_extra else [],
+            id=self._id("floor", "approve"), task_queue=worker.task_queue, result_type=str,
         )
 
     async def answer_approval(self, system: str, handle: WorkflowHandle[Any, Any]) -> None:
@@ -366,15 +369,18 @@ async def standalone_bench(
 
 
 async def side_by_side(
-    name: str, measure_system: Callable[[Bench, str], Awaitable[Any]], **options: Any
+    name: str,
+    measure_system: Callable[[Bench, str], Awaitable[Any]],
+    settings: Settings | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """``measure_system(bench, system)`` for relaykit, then the floor, on one standalone bench;
-    with ``options`` (the command's), the commit, the time taken and the load average around it,
-    as the benchmarks that run alone print them."""
+    """``measure_system(bench, system)`` for relaykit, then the floor, on one standalone bench
+    (with ``settings``, the defaults if none); with ``options`` (the command's), the commit, the
+    time taken and the load average around it, as the benchmarks that run alone print them."""
     load_before = os.getloadavg()[0]
     began = time.time()
     figures: dict[str, Any] = {}
-    async with standalone_bench(Settings(), name) as bench:
+    async with standalone_bench(settings or Settings(), name) as bench:
         for system in SYSTEMS:
             figures[system] = await measure_system(bench, system)
     return {

@@ -9,7 +9,9 @@ the relaykit runs they are compared with, with tiny payloads (an int in, a short
   without waiting, a second model activity, a wait for the children, a final model activity
   (relaykit's ``spawn_subagent`` turn, ``wait_subagents`` turn and answer).
 - :class:`FloorApproval`: a model activity, a wait for the ``approve`` signal, the tool activity,
-  a final model activity.
+  a final model activity. Its argument adds one kind of command before the wait
+  (:data:`APPROVAL_EXTRAS`), for ``python -m bench.parked_memory --floor-extra``: what Core keeps
+  per command of a cached run.
 
 The model activity sleeps for the configured model latency; nothing here talks HTTP. The
 waiting workflow sets the ``RelayStatus`` search attribute (one upsert), as relaykit runs do, so
@@ -29,6 +31,10 @@ FLOOR_MODEL = "floor_model"
 FLOOR_TOOL = "floor_tool"
 _TIMEOUT = timedelta(minutes=5)
 _STATUS = SearchAttributeKey.for_keyword("RelayStatus")
+APPROVAL_EXTRAS = ("marker", "local-activity", "summary")
+"""What :class:`FloorApproval` can add before its wait: a ``workflow.patched`` marker (with
+Temporal's ``TemporalChangeVersion`` upsert) and one upsert of its own; a local activity; a
+4,000-character summary on its model activity."""
 
 
 @workflow.defn(name="FloorRun")
@@ -81,8 +87,16 @@ class FloorApproval:
         self.approved = False
 
     @workflow.run
-    async def run(self) -> str:
-        await workflow.execute_activity(FLOOR_MODEL, 0, start_to_close_timeout=_TIMEOUT)
+    async def run(self, extra: str = "") -> str:
+        if extra == "marker":
+            workflow.patched("bench.floor-extra")
+            workflow.upsert_search_attributes([_STATUS.value_set("starting")])
+        summary = "x" * 4000 if extra == "summary" else None
+        await workflow.execute_activity(
+            FLOOR_MODEL, 0, start_to_close_timeout=_TIMEOUT, summary=summary
+        )
+        if extra == "local-activity":
+            await workflow.execute_local_activity(FLOOR_TOOL, 0, start_to_close_timeout=_TIMEOUT)
         workflow.upsert_search_attributes([_STATUS.value_set("waiting_approval")])
         await workflow.wait_condition(lambda: self.approved)
         await workflow.execute_activity(FLOOR_TOOL, 1, start_to_close_timeout=_TIMEOUT)

@@ -13,6 +13,8 @@ Python's blocks over 512 bytes (Python takes them from ``malloc``; the traced wo
 size) is what the rest of the process holds per parked run: mostly Core's Rust side, its copy
 of each cached run. (Tracing's own records come from ``malloc`` too, so the untraced worker
 gives these two figures.) ``python -m bench --scenarios idle`` remains the figure for RSS.
+``--floor-extra`` makes the floor's runs issue one more kind of command before their wait (a
+marker, a local activity, a large summary), to tell what Core keeps per command.
 
 Prints a markdown table and one JSON line (the figures, the load average, the commit).
 """
@@ -30,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.context import Bench, Worker, gather_limited, side_by_side
+from bench.context import Bench, Settings, Worker, gather_limited, side_by_side
+from bench.floor import APPROVAL_EXTRAS
 from bench.scenarios import _wait_parked
 
 #: (group, test on the allocation's frames as "file:line" texts); the first that matches counts.
@@ -167,6 +170,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return await side_by_side(
         "parked-memory",
         lambda b, s: measure_system(b, s, args.runs, args.frames),
+        Settings(floor_extra=args.floor_extra),
+        floor_extra=args.floor_extra,
         runs=args.runs,
         frames=args.frames,
     )
@@ -203,6 +208,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="runs parked per snapshot")
     parser.add_argument("--frames", type=int, default=8, help="frames kept per allocation")
+    parser.add_argument(
+        "--floor-extra",
+        choices=APPROVAL_EXTRAS,
+        default="",
+        help="one kind of command the floor's runs add before their wait (bench/floor.py)",
+    )
     result = asyncio.run(measure(parser.parse_args()))
     print(table(result))
     print(json.dumps(result))
