@@ -11,8 +11,9 @@ Then a second fresh worker, which traces nothing, parks the same runs, and at bo
 its RSS and ``malloc``'s own count of the bytes in use (glibc's ``mallinfo2``). That count less
 Python's blocks over 512 bytes (Python takes them from ``malloc``; the traced worker tells their
 size) is what the rest of the process holds per parked run: mostly Core's Rust side, its copy
-of each cached run. (Tracing's own records come from ``malloc`` too, so the untraced worker
-gives these two figures.) ``python -m bench --scenarios idle`` remains the figure for RSS.
+of each cached run (Python's few small raw allocations, ``PyMem_RawMalloc``, also count there:
+an approximation). Tracing's own records come from ``malloc`` too, so the untraced worker gives
+these two figures. ``python -m bench --scenarios idle`` remains the figure for RSS.
 ``--floor-extra`` makes the floor's runs issue one more kind of command before their wait (a
 marker, a local activity, a large summary), to tell what Core keeps per command.
 
