@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.common import TypedSearchAttributes
 from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -342,8 +343,7 @@ async def start_run(
         tenant=tenant,
         tenant_weight=tenant_weight,
     )
-    if priority is not None or tenant is not None or tenant_weight is not None:
-        start_options = {**(await fleet.start_options(client, run_input)), **start_options}
+    start_options = _merged(await fleet.start_options(client, run_input), start_options)
     handle = await client.start_workflow(
         AGENT_RUN_WORKFLOW,
         run_input,
@@ -354,6 +354,23 @@ async def start_run(
         **start_options,
     )
     return RunHandle(handle, client)
+
+
+def _merged(ours: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``start_workflow`` options: the caller's win, and their search attributes are added to
+    the run's own (theirs win for the same key)."""
+    merged = {**ours, **given}
+    if "search_attributes" in ours and isinstance(
+        given.get("search_attributes"), TypedSearchAttributes
+    ):
+        theirs = given["search_attributes"]
+        merged["search_attributes"] = TypedSearchAttributes(
+            [
+                *(pair for pair in ours["search_attributes"] if theirs.get(pair.key) is None),
+                *theirs,
+            ]
+        )
+    return merged
 
 
 def get_run(client: Client, run_id: str) -> RunHandle:

@@ -19,7 +19,12 @@ from temporalio.common import Priority, SearchAttributePair, TypedSearchAttribut
 
 from relaykit.errors import ConfigurationError
 from relaykit.runs import RunInput
-from relaykit.search_attributes import RELAY_TENANT
+from relaykit.search_attributes import (
+    RELAY_TENANT,
+    START_LISTING_MAX_AGE,
+    known,
+    start_attributes,
+)
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -54,27 +59,25 @@ def priority_of(run_input: RunInput) -> Priority | None:
     )
 
 
-async def start_options(client: Client, run_input: RunInput) -> dict[str, Any]:
-    """``start_workflow`` options for the run's priority and its ``RelayTenant`` attribute (set
-    only when the namespace has it registered)."""
+async def start_options(
+    client: Client, run_input: RunInput, *also: SearchAttributePair[Any]
+) -> dict[str, Any]:
+    """``start_workflow`` options of a run: its priority, and the search attributes it starts
+    with (its agent and status, as its first workflow task would write them, and its
+    ``RelayTenant``; each only when the namespace has it registered), with ``also``."""
     options: dict[str, Any] = {}
     priority = priority_of(run_input)
     if priority is not None:
         options["priority"] = priority
+    pairs = [*await start_attributes(client, run_input.agent), *also]
     if run_input.tenant is not None and await has_attribute(client, RELAY_TENANT.name):
-        options["search_attributes"] = TypedSearchAttributes(
-            [SearchAttributePair(RELAY_TENANT, run_input.tenant)]
-        )
+        pairs.append(SearchAttributePair(RELAY_TENANT, run_input.tenant))
+    if pairs:
+        options["search_attributes"] = TypedSearchAttributes(pairs)
     return options
 
 
 async def has_attribute(client: Client, name: str) -> bool:
-    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-
-    try:
-        listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace)
-        )
-    except Exception:  # noqa: BLE001 - no operator permission: leave the attribute out
-        return False
-    return name in listed.custom_attributes
+    """Whether the namespace has ``name``, from a listing at most a minute old (no operator
+    permission: no, and the attribute is left out)."""
+    return name in await known(client, max_age=START_LISTING_MAX_AGE)

@@ -36,7 +36,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit import fleet
@@ -241,18 +241,6 @@ async def turns_of_histories(
     return runs
 
 
-async def _fork_attribute_registered(client: Client) -> bool:
-    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-
-    try:
-        listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace)
-        )
-    except Exception:  # noqa: BLE001 - no operator permission: leave the attribute out
-        return False
-    return RELAY_FORK_OF.name in listed.custom_attributes
-
-
 async def fork_run(
     client: Client,
     run_id: str,
@@ -317,14 +305,12 @@ async def fork_run(
         tenant=base.tenant,
         tenant_weight=base.tenant_weight,
     )
-    options = await fleet.start_options(client, new_input)  # the origin's priority and tenant
-    if await _fork_attribute_registered(client):
-        pairs = (
-            options["search_attributes"].search_attributes if "search_attributes" in options else []
-        )
-        options["search_attributes"] = TypedSearchAttributes(
-            [*pairs, SearchAttributePair(RELAY_FORK_OF, str(origin))]
-        )
+    forked = [SearchAttributePair(RELAY_FORK_OF, str(origin))]
+    options = await fleet.start_options(  # the origin's priority and tenant
+        client,
+        new_input,
+        *(forked if await fleet.has_attribute(client, RELAY_FORK_OF.name) else ()),
+    )
     new_id = id or f"{run_id}-fork{at_turn}-{uuid.uuid4().hex[:6]}"
     handle = await client.start_workflow(
         AGENT_RUN_WORKFLOW,

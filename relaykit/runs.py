@@ -303,6 +303,13 @@ class RunSetup(BaseModel):
     waiting_calls_attribute: bool = False
     """Whether the run upserts ``RelayWaitingCalls`` (the call ids waiting for a person) with its
     other search attributes."""
+    # Since ``relaykit.run-setup.v5`` (which implies v4's choices).
+    changed_attributes: bool = False
+    """An upsert writes only the search attributes whose values differ from the run's (so none at
+    the first workflow task of a run whose start carried them), and ``RelayLastActivity`` only
+    with a change of agent, status or what the run waits for
+    (``relaykit.workflows.agent_run``); ``False`` for runs started before, whose upserts write
+    them all."""
 
 
 class BudgetAsk(BaseModel):

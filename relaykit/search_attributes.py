@@ -33,10 +33,19 @@ workflow sandbox would reject at import time.
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
+from temporalio.common import (
+    SearchAttributeIndexedValueType,
+    SearchAttributeKey,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+)
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -115,6 +124,53 @@ ALL: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_WAITING_CALLS,
 ]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
+
+RUNNING: Final = "running"
+"""A run's status from its start until it first waits or ends."""
+
+
+def started_pairs(
+    agent: str, *, now: datetime, cost: bool, listed: bool
+) -> list[SearchAttributePair[Any]]:
+    """What a run's first upsert would write, for its start request to carry instead.
+
+    A run recorded with ``changed_attributes`` upserts only what differs from its attributes,
+    so one started with these has nothing to write at its first workflow task: one command,
+    one history event and one visibility write fewer per run, and the run is listed with its
+    agent and status from the moment it starts. ``cost`` and ``listed`` say whether the
+    namespace has ``RelayCostUSD`` and :data:`LIST_ATTRIBUTES`."""
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(RELAY_AGENT, agent),
+        SearchAttributePair(RELAY_STATUS, RUNNING),
+        SearchAttributePair(RELAY_TOKENS, 0),
+    ]
+    if cost:
+        pairs.append(SearchAttributePair(RELAY_COST_USD, 0.0))
+    if listed:
+        pairs.append(SearchAttributePair(RELAY_LAST_ACTIVITY, now))
+    return pairs
+
+
+def changed_only(
+    updates: Sequence[SearchAttributeUpdate[Any]], current: TypedSearchAttributes
+) -> list[SearchAttributeUpdate[Any]]:
+    """The ``updates`` that change ``current`` (an unset attribute and an empty list are the
+    same). ``RelayLastActivity`` stays only with a change of what a list shows: the agent, the
+    status or what the run waits for."""
+    changed = [
+        update
+        for update in updates
+        if update.key != RELAY_LAST_ACTIVITY
+        and _unset_if_empty(current.get(update.key)) != _unset_if_empty(update.value)
+    ]
+    if any(update.key in (RELAY_AGENT, RELAY_STATUS, RELAY_WAITING_FOR) for update in changed):
+        changed += [update for update in updates if update.key == RELAY_LAST_ACTIVITY]
+    return changed
+
+
+def _unset_if_empty(value: Any) -> Any:
+    return None if value == [] else value
+
 
 # The spelling that `temporal` CLI flags (--search-attribute, --type) accept.
 _CLI_TYPE_NAMES: Final[dict[SearchAttributeIndexedValueType, str]] = {
@@ -209,47 +265,69 @@ async def ensure_registered(
     return list(missing)
 
 
-async def _custom_attributes(client: Any) -> set[str]:
+_listed: weakref.WeakKeyDictionary[Any, tuple[float, frozenset[str]]] = weakref.WeakKeyDictionary()
+START_LISTING_MAX_AGE = 60.0
+"""How old a namespace's listing may be when a run's start reads it (seconds): starting many
+runs costs one listing a minute, not one per start. A listing that is out of date costs
+nothing but the saving: an attribute registered since is upserted by the run instead."""
+
+
+async def known(client: Any, *, max_age: float = 0.0) -> frozenset[str]:
+    """The custom search attributes the client's namespace has (none when it cannot be listed,
+    e.g. without operator permission on a cloud namespace); a listing at most ``max_age``
+    seconds old is reused."""
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
+    now = time.monotonic()
+    cached = _listed.get(client)
+    if cached is not None and now - cached[0] <= max_age:
+        return cached[1]
     try:
         response = await client.operator_service.list_search_attributes(
             ListSearchAttributesRequest(namespace=client.namespace)
         )
     except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
-        return set()
-    return set(response.custom_attributes)
+        return frozenset()
+    names = frozenset(response.custom_attributes)
+    _listed[client] = (now, names)
+    return names
+
+
+async def start_attributes(client: Any, agent: str) -> list[SearchAttributePair[Any]]:
+    """:func:`started_pairs` for a run started by this client, for the attributes its namespace
+    has (none unless it has all that runs upsert, the rule workers follow)."""
+    names = await known(client, max_age=START_LISTING_MAX_AGE)
+    if not all(key.name in names for key in UPSERTED):
+        return []
+    return started_pairs(
+        agent,
+        now=datetime.now(UTC),
+        cost=RELAY_COST_USD.name in names,
+        listed=all(key.name in names for key in LIST_ATTRIBUTES),
+    )
 
 
 async def cost_registered(client: Any) -> bool:
     """Whether the client's namespace has ``RelayCostUSD`` (added after the others: a namespace
     registered before lacks it, and its runs then upsert the others only)."""
-    return RELAY_COST_USD.name in await _custom_attributes(client)
+    return RELAY_COST_USD.name in await known(client)
 
 
 async def list_attributes_registered(client: Any) -> bool:
     """Whether the client's namespace has :data:`LIST_ATTRIBUTES` (added after the others; a
     namespace registered before lacks them, and its runs then upsert the others only)."""
-    known = await _custom_attributes(client)
-    return all(key.name in known for key in LIST_ATTRIBUTES)
+    names = await known(client)
+    return all(key.name in names for key in LIST_ATTRIBUTES)
 
 
 async def waiting_calls_registered(client: Any) -> bool:
     """Whether the client's namespace has ``RelayWaitingCalls`` (added after the others)."""
-    return RELAY_WAITING_CALLS.name in await _custom_attributes(client)
+    return RELAY_WAITING_CALLS.name in await known(client)
 
 
 async def eval_registered(client: Any) -> bool:
     """Whether the client's namespace has ``RelayEvalOf`` (added after the others)."""
-    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-
-    try:
-        response = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace)
-        )
-    except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
-        return False
-    return RELAY_EVAL_OF.name in response.custom_attributes
+    return RELAY_EVAL_OF.name in await known(client)
 
 
 async def registered(client: Any) -> bool:
@@ -257,5 +335,5 @@ async def registered(client: Any) -> bool:
     only when a fork starts, may be missing on namespaces registered before it). Upserting an
     unregistered one fails every workflow task, so workers (and the replay check, which must
     replay as they would) let runs upsert them only then."""
-    known = await _custom_attributes(client)
-    return all(key.name in known for key in UPSERTED)
+    names = await known(client)
+    return all(key.name in names for key in UPSERTED)

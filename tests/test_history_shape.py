@@ -1,18 +1,22 @@
 """What a new run writes to its history besides its activities: one setup marker, at most one
-search-attribute upsert per workflow task, and a plain tool turn at most two events more than a
+search-attribute upsert per workflow task with only what changed (none at the first task: the
+run starts with its agent and status), and a plain tool turn at most two events more than a
 bare Temporal workflow's (its model activity, its tool activity, the workflow tasks between)."""
 
 from __future__ import annotations
 
 import itertools
+import uuid
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from relaykit import Agent, start_run, tool
 from relaykit.runs import MODEL_ACTIVITY
+from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
-from relaykit.workflows.run_setup import SETUP_V4_IDS
+from relaykit.workflows.run_setup import SETUP_V5_IDS
 from tests.support import history_events, scripted_model, serving
 
 TURNS = 4
@@ -56,10 +60,10 @@ async def test_a_new_run_writes_one_setup_marker_and_a_tool_turn_costs_at_most_t
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
         and e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert len(patch_markers) == 1  # relaykit.run-setup.v4, search-attribute choices included
+    assert len(patch_markers) == 1  # relaykit.run-setup.v5, search-attribute choices included
     # the test namespace has every attribute: all the choices are in that one marker's id
     recorded = patch_markers[0].marker_recorded_event_attributes.SerializeToString()
-    assert SETUP_V4_IDS[(True, True, True, True)].encode() in recorded
+    assert SETUP_V5_IDS[(True, True, True, True)].encode() in recorded
     upserts = [
         i
         for i, k in enumerate(kinds)
@@ -74,6 +78,13 @@ async def test_a_new_run_writes_one_setup_marker_and_a_tool_turn_costs_at_most_t
         t for i, t in zip(upserts, task_of, strict=True) if "RelayStatus" in _upserted(events[i])
     ]
     assert own and len(own) == len(set(own))
+    # the run started with its agent and status, so it upserts them only when they change: once,
+    # when it completes, without the agent it started with
+    assert [_upserted(events[i]) for i in upserts if "RelayStatus" in _upserted(events[i])] == [
+        {"RelayStatus", "RelayTokens", "RelayLastActivity"}
+    ]
+    started = events[0].workflow_execution_started_event_attributes.search_attributes
+    assert {"RelayAgent", "RelayStatus", "RelayTokens"} <= set(started.indexed_fields)
 
     model_calls = [
         i
@@ -84,3 +95,50 @@ async def test_a_new_run_writes_one_setup_marker_and_a_tool_turn_costs_at_most_t
     turns = [b - a for a, b in itertools.pairwise(model_calls)]
     assert len(turns) == TURNS
     assert all(events_of_turn <= BARE_TEMPORAL_TURN + 2 for events_of_turn in turns), turns
+
+
+async def test_runs_start_with_their_agent_and_status_so_a_child_writes_no_first_upsert(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # No worker polls this queue: what the run is listed with comes from its start request.
+    waiting = await start_run(
+        client,
+        "nobody_serves_me",
+        "hello",
+        task_queue=f"tq-unserved-{uuid.uuid4().hex[:8]}",
+        search_attributes=TypedSearchAttributes([SearchAttributePair(RELAY_TOKENS, 7)]),
+    )
+    attrs = (await waiting.workflow.describe()).typed_search_attributes
+    assert attrs.get(RELAY_AGENT) == "nobody_serves_me"
+    assert attrs.get(RELAY_STATUS) == "running"
+    assert attrs.get(RELAY_TOKENS) == 7  # the caller's own attributes win
+    await waiting.workflow.terminate("test over")
+
+    child_model, parent_model = scripted_model(model_server), scripted_model(model_server)
+    model_server.script(child_model.name, [text("noted")])
+    model_server.script(parent_model.name, [call("ask_clerk", input="note it"), text("done")])
+    clerk = Agent(name="clerk", model=child_model)
+    boss = Agent(name="boss", model=parent_model, tools=[clerk.as_tool()])
+    async with serving(client, boss) as worker:
+        handle = await start_run(client, boss, "go", task_queue=worker.task_queue)
+        assert (await handle.result()).output == "done"
+        child_id = next(
+            e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+            for e in await history_events(handle.workflow)
+            if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        )
+        child = client.get_workflow_handle(child_id)
+        child_events = await history_events(child)
+        child_attrs = (await child.describe()).typed_search_attributes
+    started = child_events[0].workflow_execution_started_event_attributes.search_attributes
+    assert {"RelayAgent", "RelayStatus", "RelayParentRun"} <= set(started.indexed_fields)
+    own = [
+        _upserted(e)
+        for e in child_events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+        and "TemporalChangeVersion" not in _upserted(e)
+    ]
+    assert own == [{"RelayStatus", "RelayTokens", "RelayLastActivity"}]  # when it completed
+    assert child_attrs.get(RELAY_AGENT) == "clerk"
+    assert child_attrs.get(RELAY_STATUS) == "completed"
+    assert child_attrs.get(RELAY_PARENT_RUN) == handle.id

@@ -47,6 +47,7 @@ from relaykit.search_attributes import (
     RELAY_TOKENS,
     RELAY_WAITING_CALLS,
     RELAY_WAITING_FOR,
+    changed_only,
 )
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
@@ -180,6 +181,10 @@ class AgentRun:
                 if waiting
                 else RELAY_WAITING_CALLS.value_unset()
             )
+        if self._loop.setup_flag("changed_attributes"):
+            updates = changed_only(updates, workflow.info().typed_search_attributes)
+            if not updates:  # e.g. the first task of a run that started with its attributes
+                return
         workflow.upsert_search_attributes(updates)
 
     @property

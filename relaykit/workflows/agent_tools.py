@@ -160,7 +160,7 @@ class AgentToolKind(ToolKind):
                 result_type=RunResult,
                 task_queue=info.task_queue,
                 static_summary=f"{entry.agent.name} (asked by {run.state.agent}): {prompt[:120]}",
-                search_attributes=run.child_search_attributes(),
+                search_attributes=run.child_search_attributes(child_input.agent),
             )
         except WorkflowAlreadyStartedError:
             # e.g. a run id reused while a child of its earlier run still runs

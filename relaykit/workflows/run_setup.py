@@ -51,6 +51,14 @@ SETUP_V4_IDS: dict[tuple[bool, bool, bool, bool], str] = {
 }
 """The v4 marker's id for each (search attributes, ``RelayCostUSD``, ``RelayWaitingFor`` with
 ``RelayLastActivity``, ``RelayWaitingCalls``) choice (compatibility data: never rename)."""
+PATCH_RUN_SETUP_V5 = "relaykit.run-setup.v5"
+"""v4's choices and :data:`NEW_RUN_CHOICES_V5` (upserts write only what changed), with the same
+search-attribute choices in its id (:data:`SETUP_V5_IDS`)."""
+SETUP_V5_IDS: dict[tuple[bool, bool, bool, bool], str] = {
+    choice: PATCH_RUN_SETUP_V5 + patch_id.removeprefix(PATCH_RUN_SETUP_V4)
+    for choice, patch_id in SETUP_V4_IDS.items()
+}
+"""The v5 marker's id for each choice, as :data:`SETUP_V4_IDS` (compatibility data)."""
 PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
 """Model calls on provider queues, in runs recorded with :data:`PATCH_RUN_SETUP_V2` (asked right
 after it: runs recorded with v2 before it have no such marker and keep their queue); runs with
@@ -63,10 +71,10 @@ def recorded_setup(graph: AgentGraph) -> RunSetup:
     """Decide the run's setup from ``graph`` (the worker's configuration) and record it, as
     patch markers in the first workflow task: since v4 one marker for everything, since v2 one
     for the behaviours, before one each; on replay, read back what was recorded."""
-    v4 = _recorded_v4(graph)  # a new run: one marker for all its choices
-    if v4 is not None:
-        search_attributes, cost_attribute, list_attributes, waiting_calls = v4
-        choices = dict.fromkeys(NEW_RUN_CHOICES_V4, True)
+    recorded = _recorded_attribute_choice(graph)  # since v4: one marker for all its choices
+    if recorded is not None:
+        version, (search_attributes, cost_attribute, list_attributes, waiting_calls) = recorded
+        choices = dict.fromkeys(NEW_RUN_CHOICES_V5 if version == 5 else NEW_RUN_CHOICES_V4, True)
         return RunSetup(
             search_attributes=search_attributes,
             cost_attribute=cost_attribute,
@@ -115,18 +123,24 @@ relaykit.workflows.spend; ``provider_queues``: relaykit.models.queues)."""
 NEW_RUN_CHOICES_V4 = (*NEW_RUN_CHOICES_V3, "batched_attributes")
 """Those a run with :data:`PATCH_RUN_SETUP_V4` has on (``batched_attributes``:
 relaykit.workflows.agent_run)."""
+NEW_RUN_CHOICES_V5 = (*NEW_RUN_CHOICES_V4, "changed_attributes")
+"""Those a run with :data:`PATCH_RUN_SETUP_V5` has on (``changed_attributes``:
+relaykit.workflows.agent_run)."""
 
 
-def _recorded_v4(graph: AgentGraph) -> tuple[bool, bool, bool, bool] | None:
-    """The (search attributes, ``RelayCostUSD``, list attributes, ``RelayWaitingCalls``) choice
-    of a run recorded with :data:`PATCH_RUN_SETUP_V4`, or ``None`` for a run recorded before it.
-    Live, the worker's configuration decides and the one matching marker records it; a replay
-    reads which marker the history has (a ``patched`` call for an id not recorded writes nothing
-    then)."""
+def _recorded_attribute_choice(
+    graph: AgentGraph,
+) -> tuple[int, tuple[bool, bool, bool, bool]] | None:
+    """The marker version (4 or 5) and the (search attributes, ``RelayCostUSD``, list
+    attributes, ``RelayWaitingCalls``) choice of a run recorded with :data:`PATCH_RUN_SETUP_V4`
+    or later, or ``None`` for a run recorded before v4. Live, the worker's configuration decides
+    and the one matching v5 marker records it; a replay reads which marker the history has (a
+    ``patched`` call for an id not recorded writes nothing then)."""
     if workflow.unsafe.is_replaying():
-        for choice, patch_id in SETUP_V4_IDS.items():
-            if workflow.patched(patch_id):
-                return choice
+        for version, ids in ((5, SETUP_V5_IDS), (4, SETUP_V4_IDS)):
+            for choice, patch_id in ids.items():
+                if workflow.patched(patch_id):
+                    return version, choice
         return None
     on = graph.search_attributes
     choice = (
@@ -135,5 +149,5 @@ def _recorded_v4(graph: AgentGraph) -> tuple[bool, bool, bool, bool] | None:
         on and graph.list_attributes,
         on and graph.waiting_calls_attribute,
     )
-    workflow.patched(SETUP_V4_IDS[choice])  # live: true, and its marker records the choice
-    return choice
+    workflow.patched(SETUP_V5_IDS[choice])  # live: true, and its marker records the choice
+    return 5, choice

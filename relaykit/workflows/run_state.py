@@ -294,14 +294,23 @@ class Run:
                 pass
         return Usage()
 
-    def child_search_attributes(self) -> Any:
+    def child_search_attributes(self, agent: str) -> Any:
+        """What a child run of ``agent`` starts with: its parent, and in runs that upsert only
+        what changed, its agent and status too (the child's first task then writes nothing)."""
         if not self.setup_flag("search_attributes"):
             return None
         from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-        from relaykit.search_attributes import RELAY_EVAL_OF, RELAY_PARENT_RUN
+        from relaykit.search_attributes import RELAY_EVAL_OF, RELAY_PARENT_RUN, started_pairs
 
         pairs: list[Any] = [SearchAttributePair(RELAY_PARENT_RUN, workflow.info().workflow_id)]
+        if self.setup_flag("changed_attributes"):
+            pairs += started_pairs(
+                agent,
+                now=workflow.now(),
+                cost=self.setup_flag("cost_attribute"),
+                listed=self.setup_flag("list_attributes"),
+            )
         evaluation = self.input.evaluation
         if evaluation is not None and evaluation.mark:  # a candidate's children are candidates
             pairs.append(SearchAttributePair(RELAY_EVAL_OF, evaluation.recorded_run))

@@ -229,7 +229,7 @@ class SubagentTool(ToolKind):
             # when it really ends (SubagentTasks.close).
             parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"{target.name} (background task of {run.state.agent}): {prompt[:120]}",
-            search_attributes=run.child_search_attributes(),
+            search_attributes=run.child_search_attributes(target.name),
         )
 
     # --- wait, cancel, send ---------------------------------------------------------------------

@@ -164,6 +164,10 @@ SCENARIOS = [
     ),
     Scenario("before_lovia", "replay-before-lovia", lovia_triage, "I was charged twice."),
     Scenario("decisions", "replay-decisions", decider, "Refund A1, then add 1 and 1."),
+    # Recorded with relaykit.run-setup.v4 (every upsert writes every attribute), then again with
+    # v5 (a run started with its attributes; upserts write only what changed).
+    Scenario("approval_v4", "replay-approval-v4", refunder, "Refund 30 EUR on A1, and 5 on B2."),
+    Scenario("approval_v5", "replay-approval-v5", refunder, "Refund 30 EUR on A1, and 5 on B2."),
 ]
 
 

@@ -63,6 +63,13 @@ SCRIPTS: dict[str, list[Step]] = {
         ),
         text("Refunded 30 EUR on A1; B2 was rejected; C3 needs valid arguments."),
     ],
+    "approval_v4": [
+        batch(
+            call("refund", id="call_refund_a1", order_id="A1", amount=30),
+            call("refund", id="call_refund_b2", order_id="B2", amount=5),
+        ),
+        text("Refunded 30 EUR on A1; the refund on B2 was rejected."),
+    ],
     # Recorded before the one tool path: the repeated cancel_subagent ran, the repeated add
     # was refused by the loop guard (max_repeated_calls=1).
     "guard_kinds": [
@@ -96,6 +103,7 @@ SCRIPTS: dict[str, list[Step]] = {
         text('{"total": 2}'),
     ],
 }
+SCRIPTS["approval_v5"] = SCRIPTS["approval_v4"]
 
 
 async def _wait_for_approvals(handle: RunHandle, count: int) -> None:
@@ -143,7 +151,15 @@ async def record(scenario: Scenario, client: Client, base_url: str) -> str:
         if scenario.name == "decisions":
             await _wait_for_approvals(handle, 1)
             await handle.approve("call_refund")
-        if scenario.name == "approval":
+        if scenario.name in ("approval_v4", "approval_v5"):  # in request order, as today
+            await _wait_for_approvals(handle, 1)
+            await handle.approve("call_refund_a1")
+            await _next_approval(handle, "call_refund_a1")
+            await handle.workflow.signal(
+                "approve_signal",
+                ApprovalDecision(call_id="call_refund_b2", approved=False, reason="duplicate"),
+            )
+        if scenario.name == "approval":  # recorded when both waited at once
             await _wait_for_approvals(handle, 2)
             await handle.approve("call_refund_a1")
             await handle.workflow.signal(
