@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from relaykit.eval_context import EvalCall, EvalContext
 from relaykit.messages import Message, Usage
@@ -240,8 +240,11 @@ class RunSetup(BaseModel):
 
     Made once, at a run's first workflow task (and recorded there as patch markers: since
     ``relaykit.run-setup.v2`` one for every behaviour of new runs), then carried by the state,
-    so any worker can replay any run whatever its own configuration.
+    so any worker can replay any run whatever its own configuration. Frozen: runs that made
+    the same choices share one (``relaykit.workflows.run_setup.shared_setup``).
     """
+
+    model_config = ConfigDict(frozen=True)
 
     search_attributes: bool = False
     """Whether the run upserts relaykit's search attributes."""

@@ -75,7 +75,7 @@ def recorded_setup(graph: AgentGraph) -> RunSetup:
     if recorded is not None:
         version, (search_attributes, cost_attribute, list_attributes, waiting_calls) = recorded
         choices = dict.fromkeys(NEW_RUN_CHOICES_V5 if version == 5 else NEW_RUN_CHOICES_V4, True)
-        return RunSetup(
+        return shared_setup(
             search_attributes=search_attributes,
             cost_attribute=cost_attribute,
             list_attributes=list_attributes,
@@ -86,7 +86,7 @@ def recorded_setup(graph: AgentGraph) -> RunSetup:
     v3 = workflow.patched(PATCH_RUN_SETUP_V3)  # recorded by v3: a marker for its choices
     current = v3 or workflow.patched(PATCH_RUN_SETUP_V2)
     if not current and not workflow.patched(PATCH_RUN_SETUP):  # before they were recorded
-        return RunSetup(
+        return shared_setup(
             search_attributes=graph.search_attributes,
             event_groups=graph.event_groups,
         )
@@ -105,7 +105,21 @@ def recorded_setup(graph: AgentGraph) -> RunSetup:
             **recorded_calls(),  # [deploys] relaykit.workflows.call_record
             **recorded_path_checks(),  # [one tool path] output caps, handoff callback effects
         }
-    return RunSetup(search_attributes=search_attributes, event_groups=event_groups, **choices)
+    return shared_setup(search_attributes=search_attributes, event_groups=event_groups, **choices)
+
+
+_SHARED: dict[tuple[tuple[str, bool], ...], RunSetup] = {}
+
+
+def shared_setup(**choices: bool) -> RunSetup:
+    """The one :class:`RunSetup` (frozen) for these choices, shared by every run on this worker
+    that made them: a worker holding thousands of waiting runs keeps a handful of setups, not
+    one each (its field set alone is over a kilobyte)."""
+    key = tuple(sorted(choices.items()))
+    setup = _SHARED.get(key)
+    if setup is None:
+        setup = _SHARED[key] = RunSetup(**choices)
+    return setup
 
 
 NEW_RUN_CHOICES = (
