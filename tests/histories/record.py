@@ -10,8 +10,9 @@ unchanged, behind ``workflow.patched``)::
 It starts its own in-memory Temporal dev server and scripted model server, runs the scenarios
 of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered once by update and
 once by signal, a turn with a repeated call id, cut-off arguments and approvals in request
-order, a run before lovia's semantics, repeated calls of two kinds under the loop guard, and
-decisions recorded by the local activity)
+order, a run before lovia's semantics, repeated calls of two kinds under the loop guard,
+decisions recorded by the local activity, and an approval run recorded with
+``relaykit.run-setup.v4`` and again with v5)
 with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
