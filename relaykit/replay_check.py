@@ -29,12 +29,7 @@ from relaykit.loading import load_agents
 from relaykit.models.spec import ModelSpec
 from relaykit.runs import RunInput
 from relaykit.sandbox import sandbox_runner
-from relaykit.search_attributes import (
-    cost_registered,
-    list_attributes_registered,
-    waiting_calls_registered,
-)
-from relaykit.search_attributes import registered as search_attributes_registered
+from relaykit.search_attributes import upsert_choices
 from relaykit.stuck import first_line
 from relaykit.worker import default_model_from_env
 from relaykit.workflows.agent_run import AgentRun
@@ -126,12 +121,12 @@ async def replay_check(
     graph = AgentGraph.build(agents, default_model=default_model_from_env() or REPLAY_MODEL)
     # Runs recorded before relaykit wrote its run-setup markers replay with the choice a worker
     # of this namespace would make today, as they would on a worker.
-    graph.search_attributes = await search_attributes_registered(client)
-    graph.cost_attribute = graph.search_attributes and await cost_registered(client)
-    graph.list_attributes = graph.search_attributes and await list_attributes_registered(client)
-    graph.waiting_calls_attribute = graph.search_attributes and await waiting_calls_registered(
-        client
-    )
+    (
+        graph.search_attributes,
+        graph.cost_attribute,
+        graph.list_attributes,
+        graph.waiting_calls_attribute,
+    ) = await upsert_choices(client)
     # A Replayer runs workflows on the task queue "replay-<build id>", whatever the history
     # says; workflow code finds its agents by task queue, so the graph is registered there.
     replayer = Replayer(

@@ -112,7 +112,7 @@ UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
 """What runs write themselves: a worker lets runs upsert only when all of these are registered."""
 
 LIST_ATTRIBUTES: Final[list[SearchAttributeKey[Any]]] = [RELAY_WAITING_FOR, RELAY_LAST_ACTIVITY]
-"""Upserted together, only when the namespace has both (:func:`list_attributes_registered`)."""
+"""Upserted together, only when the namespace has both (:func:`upsert_choices`)."""
 
 ALL: Final[list[SearchAttributeKey[Any]]] = [
     *UPSERTED,
@@ -268,8 +268,9 @@ async def ensure_registered(
 _listed: weakref.WeakKeyDictionary[Any, tuple[float, frozenset[str]]] = weakref.WeakKeyDictionary()
 START_LISTING_MAX_AGE = 60.0
 """How old a namespace's listing may be when a run's start reads it (seconds): starting many
-runs costs one listing a minute, not one per start. A listing that is out of date costs
-nothing but the saving: an attribute registered since is upserted by the run instead."""
+runs costs one listing a minute, not one per start. An attribute registered since the listing
+is upserted by the run instead; one removed since fails the start (as it would fail every
+run's upserts)."""
 
 
 async def known(client: Any, *, max_age: float = 0.0) -> frozenset[str]:
@@ -307,33 +308,24 @@ async def start_attributes(client: Any, agent: str) -> list[SearchAttributePair[
     )
 
 
-async def cost_registered(client: Any) -> bool:
-    """Whether the client's namespace has ``RelayCostUSD`` (added after the others: a namespace
-    registered before lacks it, and its runs then upsert the others only)."""
-    return RELAY_COST_USD.name in await known(client)
-
-
-async def list_attributes_registered(client: Any) -> bool:
-    """Whether the client's namespace has :data:`LIST_ATTRIBUTES` (added after the others; a
-    namespace registered before lacks them, and its runs then upsert the others only)."""
+async def upsert_choices(client: Any, enabled: bool | None = None) -> tuple[bool, bool, bool, bool]:
+    """What a worker on the client's namespace lets new runs upsert, from one listing: (its
+    search attributes at all, ``RelayCostUSD``, :data:`LIST_ATTRIBUTES`, ``RelayWaitingCalls``).
+    ``enabled`` overrides the first (``Worker(search_attributes=...)``); each later one needs the
+    first and the namespace to have it. Upserting an unregistered attribute fails every workflow
+    task, so workers (and the replay check, which must replay as they would) let runs upsert only
+    what the namespace has (``RelayForkOf``, ``RelayTenant`` and ``RelayEvalOf``, set only at a
+    start, are not needed for it)."""
     names = await known(client)
-    return all(key.name in names for key in LIST_ATTRIBUTES)
-
-
-async def waiting_calls_registered(client: Any) -> bool:
-    """Whether the client's namespace has ``RelayWaitingCalls`` (added after the others)."""
-    return RELAY_WAITING_CALLS.name in await known(client)
+    on = all(key.name in names for key in UPSERTED) if enabled is None else enabled
+    return (
+        on,
+        on and RELAY_COST_USD.name in names,
+        on and all(key.name in names for key in LIST_ATTRIBUTES),
+        on and RELAY_WAITING_CALLS.name in names,
+    )
 
 
 async def eval_registered(client: Any) -> bool:
     """Whether the client's namespace has ``RelayEvalOf`` (added after the others)."""
     return RELAY_EVAL_OF.name in await known(client)
-
-
-async def registered(client: Any) -> bool:
-    """Whether the client's namespace has the search attributes runs upsert (RelayForkOf, set
-    only when a fork starts, may be missing on namespaces registered before it). Upserting an
-    unregistered one fails every workflow task, so workers (and the replay check, which must
-    replay as they would) let runs upsert them only then."""
-    names = await known(client)
-    return all(key.name in names for key in UPSERTED)

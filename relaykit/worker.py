@@ -33,12 +33,7 @@ from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.payload_conversion import shared_payload_conversion
 from relaykit.payload_storage import with_external_storage
 from relaykit.sandbox import sandbox_runner
-from relaykit.search_attributes import (
-    cost_registered,
-    list_attributes_registered,
-    waiting_calls_registered,
-)
-from relaykit.search_attributes import registered as search_attributes_registered
+from relaykit.search_attributes import upsert_choices
 from relaykit.storage import Store
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
 from relaykit.tools import MAX_OFFLOADED_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES
@@ -265,19 +260,13 @@ class Worker:
     async def _build(self) -> TemporalWorker:
         if self._worker is not None:
             return self._worker
-        if self._search_attributes is None:
-            self.graph.search_attributes = await search_attributes_registered(self.client)
-        else:
-            self.graph.search_attributes = self._search_attributes
-        self.graph.cost_attribute = self.graph.search_attributes and await cost_registered(
-            self.client
-        )
-        self.graph.list_attributes = (
-            self.graph.search_attributes and await list_attributes_registered(self.client)
-        )
-        self.graph.waiting_calls_attribute = (
-            self.graph.search_attributes and await waiting_calls_registered(self.client)
-        )
+        graph = self.graph
+        (
+            graph.search_attributes,
+            graph.cost_attribute,
+            graph.list_attributes,
+            graph.waiting_calls_attribute,
+        ) = await upsert_choices(self.client, self._search_attributes)
         if any(
             self.graph.model_for(agent).provider == "local" for agent in self.graph.agents.values()
         ):
