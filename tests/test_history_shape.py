@@ -7,14 +7,28 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from datetime import UTC, datetime
+from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from relaykit import Agent, start_run, tool
 from relaykit.runs import MODEL_ACTIVITY
-from relaykit.search_attributes import RELAY_AGENT, RELAY_PARENT_RUN, RELAY_STATUS, RELAY_TOKENS
+from relaykit.search_attributes import (
+    RELAY_AGENT,
+    RELAY_COST_USD,
+    RELAY_LAST_ACTIVITY,
+    RELAY_PARENT_RUN,
+    RELAY_STATUS,
+    RELAY_TOKENS,
+    RELAY_WAITING_CALLS,
+    RELAY_WAITING_FOR,
+    changed_only,
+)
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.workflows.run_setup import SETUP_V5_IDS
 from tests.support import history_events, scripted_model, serving
@@ -142,3 +156,59 @@ async def test_runs_start_with_their_agent_and_status_so_a_child_writes_no_first
     assert child_attrs.get(RELAY_AGENT) == "clerk"
     assert child_attrs.get(RELAY_STATUS) == "completed"
     assert child_attrs.get(RELAY_PARENT_RUN) == handle.id
+
+
+_KEYS = [RELAY_AGENT, RELAY_STATUS, RELAY_TOKENS, RELAY_COST_USD, RELAY_WAITING_FOR]
+_VALUES = {
+    RELAY_AGENT: st.sampled_from(["a", "b"]),
+    RELAY_STATUS: st.sampled_from(["running", "waiting_approval"]),
+    RELAY_TOKENS: st.integers(0, 2),
+    RELAY_COST_USD: st.sampled_from([0.0, 0.5]),
+    RELAY_WAITING_FOR: st.sampled_from(["approval", "paused"]),
+}
+
+
+def _maybe(key: Any) -> st.SearchStrategy[Any]:
+    return st.one_of(st.none(), _VALUES[key])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    current=st.fixed_dictionaries({key.name: _maybe(key) for key in _KEYS}),
+    waiting=st.lists(st.sampled_from(["c1", "c2"]), unique=True),
+    had_waiting=st.lists(st.sampled_from(["c1", "c2"]), unique=True),
+    wanted=st.fixed_dictionaries({key.name: _maybe(key) for key in _KEYS}),
+)
+def test_an_upsert_of_only_what_changed_leaves_the_run_as_the_full_upsert_would(
+    current: dict[str, Any], waiting: list[str], had_waiting: list[str], wanted: dict[str, Any]
+) -> None:
+    now = datetime(2026, 12, 3, tzinfo=UTC)
+    keys = {key.name: key for key in _KEYS}
+    pairs = [SearchAttributePair(keys[n], v) for n, v in current.items() if v is not None]
+    if had_waiting:
+        pairs.append(SearchAttributePair(RELAY_WAITING_CALLS, had_waiting))
+    before = TypedSearchAttributes(pairs)
+    full = [
+        keys[n].value_set(v) if v is not None else keys[n].value_unset() for n, v in wanted.items()
+    ]
+    full += [
+        RELAY_WAITING_CALLS.value_set(waiting) if waiting else RELAY_WAITING_CALLS.value_unset(),
+        RELAY_LAST_ACTIVITY.value_set(now),
+    ]
+
+    def applied(updates: list[Any]) -> dict[str, Any]:
+        state = {pair.key.name: pair.value for pair in before}
+        for update in updates:
+            state[update.key.name] = update.value
+        return {n: v for n, v in state.items() if v not in (None, [])}
+
+    changed = changed_only(full, before)
+    after_full, after_changed = applied(full), applied(changed)
+    after_full.pop("RelayLastActivity"), after_changed.pop("RelayLastActivity", None)
+    assert after_changed == after_full  # what a list shows is the same
+    moved = any(
+        (before.get(keys[n]) if n in keys else None) != wanted[n]
+        for n in ("RelayAgent", "RelayStatus", "RelayWaitingFor")
+    )
+    assert any(u.key == RELAY_LAST_ACTIVITY for u in changed) == moved
+    assert len(changed) <= len(full)
