@@ -125,9 +125,6 @@ ALL: Final[list[SearchAttributeKey[Any]]] = [
 ]
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
-RUNNING: Final = "running"
-"""A run's status from its start until it first waits or ends."""
-
 
 def started_pairs(
     agent: str, *, now: datetime, cost: bool, listed: bool
@@ -141,7 +138,7 @@ def started_pairs(
     namespace has ``RelayCostUSD`` and :data:`LIST_ATTRIBUTES`."""
     pairs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(RELAY_AGENT, agent),
-        SearchAttributePair(RELAY_STATUS, RUNNING),
+        SearchAttributePair(RELAY_STATUS, "running"),  # a new run's RunState.status
         SearchAttributePair(RELAY_TOKENS, 0),
     ]
     if cost:
@@ -265,6 +262,7 @@ async def ensure_registered(
     return list(missing)
 
 
+_TYPES: Final[dict[str, int]] = {key.name: int(key.indexed_value_type) for key in ALL}
 _listed: weakref.WeakKeyDictionary[Any, tuple[float, frozenset[str]]] = weakref.WeakKeyDictionary()
 START_LISTING_MAX_AGE = 60.0
 """How old a namespace's listing may be when a run's start reads it (seconds): starting many
@@ -274,9 +272,10 @@ run's upserts)."""
 
 
 async def known(client: Any, *, max_age: float = 0.0) -> frozenset[str]:
-    """The custom search attributes the client's namespace has (none when it cannot be listed,
-    e.g. without operator permission on a cloud namespace); a listing at most ``max_age``
-    seconds old is reused."""
+    """The custom search attributes the client's namespace has, relaykit's only where they have
+    the type relaykit writes (a mistyped one would fail every upsert and start that sets it, so
+    it counts as missing); none when the namespace cannot be listed, e.g. without operator
+    permission on a cloud namespace. A listing at most ``max_age`` seconds old is reused."""
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
     now = time.monotonic()
@@ -289,7 +288,9 @@ async def known(client: Any, *, max_age: float = 0.0) -> frozenset[str]:
         )
     except Exception:  # noqa: BLE001 - e.g. no operator permission on a cloud namespace
         return frozenset()
-    names = frozenset(response.custom_attributes)
+    names = frozenset(
+        name for name, kind in response.custom_attributes.items() if _TYPES.get(name, kind) == kind
+    )
     _listed[client] = (now, names)
     return names
 

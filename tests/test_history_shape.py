@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -31,7 +31,7 @@ from relaykit.search_attributes import (
 )
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.workflows.run_setup import SETUP_V5_IDS
-from tests.support import history_events, scripted_model, serving
+from tests.support import eventually, history_events, scripted_model, serving
 
 TURNS = 4
 BARE_TEMPORAL_TURN = 12
@@ -212,3 +212,61 @@ def test_an_upsert_of_only_what_changed_leaves_the_run_as_the_full_upsert_would(
     )
     assert any(u.key == RELAY_LAST_ACTIVITY for u in changed) == moved
     assert len(changed) <= len(full)
+
+
+async def test_a_relaykit_attribute_registered_with_another_type_counts_as_missing(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # RelayTokens registered as a Keyword: writing the run's token count there would fail every
+    # start and upsert that sets it. Runs on that namespace start and finish without relaykit's
+    # attributes instead of failing at the start or wedging at their first workflow task.
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+    from temporalio.service import RPCError
+
+    from relaykit import search_attributes
+
+    namespace = f"mistyped-{uuid.uuid4().hex[:8]}"
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace,
+            workflow_execution_retention_period=timedelta(days=1),  # type: ignore[arg-type]
+        )
+    )
+    mistyped = Client(
+        client.service_client, namespace=namespace, data_converter=client.data_converter
+    )
+    wanted = {
+        key.name: IndexedValueType.ValueType(
+            int(
+                IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                if key == RELAY_TOKENS
+                else key.indexed_value_type
+            )
+        )
+        for key in search_attributes.ALL
+    }
+
+    async def registered() -> bool:
+        try:  # a new namespace reaches the frontend's cache after a moment
+            await mistyped.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=namespace, search_attributes=wanted)
+            )
+        except RPCError:
+            return False
+        return True
+
+    await eventually(registered, "the namespace with a mistyped RelayTokens")
+    names = await search_attributes.known(mistyped)
+    assert "RelayStatus" in names and "RelayTokens" not in names
+    assert await search_attributes.upsert_choices(mistyped) == (False, False, False, False)
+
+    model = scripted_model(model_server)
+    model_server.script(model.name, [text("fine")])
+    agent = Agent(name="mistyped_ns", model=model)
+    async with serving(mistyped, agent) as worker:
+        handle = await start_run(mistyped, agent, "hi", task_queue=worker.task_queue)
+        assert (await handle.result()).output == "fine"
+    attrs = (await handle.workflow.describe()).typed_search_attributes
+    assert attrs.get(RELAY_AGENT) is None and attrs.get(RELAY_STATUS) is None

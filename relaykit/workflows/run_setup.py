@@ -114,7 +114,8 @@ _SHARED: dict[tuple[tuple[str, bool], ...], RunSetup] = {}
 def shared_setup(**choices: bool) -> RunSetup:
     """The one :class:`RunSetup` (frozen) for these choices, shared by every run on this worker
     that made them: a worker holding thousands of waiting runs keeps a handful of setups, not
-    one each (its field set alone is over a kilobyte)."""
+    one each (its field set alone is over a kilobyte, and ``share_field_sets`` cannot share a
+    set that names only the fields given)."""
     key = tuple(sorted(choices.items()))
     setup = _SHARED.get(key)
     if setup is None:
