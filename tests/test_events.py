@@ -192,23 +192,31 @@ async def test_an_approval_inside_a_child_run_appears_once_in_the_root_stream(
 
 
 def without_empty_tasks(kinds: list[int]) -> list[int]:
-    """``kinds`` without the workflow tasks that ended with no command and a new task at once.
+    """``kinds`` without the workflow tasks that nothing new caused.
 
     Temporal's core SDK ends a workflow task early when it answers a query while a local
     activity (the recorded decisions) is still to resolve, and runs another task for the rest:
-    three events, no command. A query that reaches a busy run may do that; nothing else the
-    stream does can."""
+    that task follows the previous one's last command (or the previous task itself, when it had
+    none) with no event in between that would have caused it (an activity's completion, a
+    signal, a timer). A query that reaches a busy run may do that; nothing else the stream
+    does can."""
     scheduled, started, completed = (
         EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
         EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
         EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
     )
+    uncaused_after = {
+        completed,  # a task with no command
+        EventType.EVENT_TYPE_MARKER_RECORDED,  # the commands of the task before it
+        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+        EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+    }
     kept: list[int] = []
-    for index, kind in enumerate(kinds):
+    for kind in kinds:
+        if kept[-3:] == [scheduled, started, completed] and kept[-4:-3] != []:
+            if kept[-4] in uncaused_after:
+                del kept[-3:]
         kept.append(kind)
-        following = kinds[index + 1] if index + 1 < len(kinds) else None
-        if kind == completed and following == scheduled and kept[-3:-1] == [scheduled, started]:
-            del kept[-3:]
     return kept
 
 
