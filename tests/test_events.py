@@ -290,11 +290,19 @@ async def test_stream_ends_when_the_run_is_cancelled_while_a_child_runs(
     assert len(set(keys(items))) == len(items)
 
 
-def test_only_a_task_with_no_command_followed_by_another_is_left_out() -> None:
+def test_only_a_task_that_nothing_new_caused_is_left_out() -> None:
     s, b, c = 5, 6, 7  # workflow task scheduled, started, completed
-    activity, marker = 10, 25
-    forced = [1, s, b, c, activity, s, b, c, s, b, c, marker, activity]
-    assert without_empty_tasks(forced) == [1, s, b, c, activity, s, b, c, marker, activity]
-    plain = [1, s, b, c, activity, s, b, c, marker, activity]
+    scheduled, started, done, marker = 10, 11, 12, 25  # an activity's events; a marker
+    ran = [scheduled, started, done]
+    plain = [1, s, b, c, *ran, s, b, c, marker, scheduled]
     assert without_empty_tasks(plain) == plain
+    # a task with no command, then the one that does the work
+    forced = [1, s, b, c, *ran, s, b, c, s, b, c, marker, scheduled]
+    assert without_empty_tasks(forced) == plain
+    # the work split over two tasks: the marker in one, the next activity in the other
+    split = [1, s, b, c, *ran, s, b, c, marker, s, b, c, scheduled]
+    assert without_empty_tasks(split) == plain
+    # a task after an activity's completion is always kept, and so is the last one
     assert without_empty_tasks([1, s, b, c, marker, s, b, c]) == [1, s, b, c, marker, s, b, c]
+    two = [1, s, b, c, *ran, s, b, c, *ran, s, b, c]
+    assert without_empty_tasks(two) == two
