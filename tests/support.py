@@ -66,6 +66,23 @@ async def serving(
         yield worker
 
 
+async def new_namespace(client: Client, prefix: str) -> Client:
+    """A client of a fresh namespace (one day's retention) on ``client``'s server, sharing its
+    connection and data converter. The namespace reaches the frontend a moment later: callers
+    retry their first request on it."""
+    from datetime import timedelta
+
+    from google.protobuf.duration_pb2 import Duration
+    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+
+    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    retention = Duration(seconds=int(timedelta(days=1).total_seconds()))
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(namespace=namespace, workflow_execution_retention_period=retention)
+    )
+    return Client(client.service_client, namespace=namespace, data_converter=client.data_converter)
+
+
 async def history_events(handle: WorkflowHandle[Any, Any]) -> list[Any]:
     return [event async for event in handle.fetch_history_events()]
 

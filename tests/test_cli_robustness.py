@@ -20,7 +20,7 @@ from temporalio.client import Client
 from relaykit import Agent, start_run
 from relaykit.devserver import DevServer
 from relaykit.testing.scripted_server import ScriptedModelServer, text
-from tests.support import scripted_model, serving
+from tests.support import new_namespace, scripted_model, serving
 from tests.test_cli import (
     ROOT,
     SLOW_AGENTS,
@@ -178,22 +178,9 @@ def test_ui_links_name_the_host_the_dev_server_prints() -> None:
 async def test_runs_without_relaykits_search_attributes_names_the_command_that_registers_them(
     client: Client, temporal_server: DevServer
 ) -> None:
-    from datetime import timedelta
-
-    from google.protobuf.duration_pb2 import Duration
-    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
-
     from relaykit.search_attributes import operator_create_args
 
-    namespace = f"bare-{uuid.uuid4().hex[:8]}"
-    await client.workflow_service.register_namespace(
-        RegisterNamespaceRequest(
-            namespace=namespace,
-            workflow_execution_retention_period=Duration(
-                seconds=int(timedelta(days=1).total_seconds())
-            ),
-        )
-    )
+    namespace = (await new_namespace(client, "bare")).namespace
     for _ in range(50):  # a new namespace reaches the frontend a moment later
         done = relaykit(
             "runs", "--status", "running", "--namespace", namespace, env=cli_env(temporal_server)

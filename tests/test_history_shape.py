@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given, settings
@@ -31,7 +31,7 @@ from relaykit.search_attributes import (
 )
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.workflows.run_setup import SETUP_V5_IDS
-from tests.support import eventually, history_events, scripted_model, serving
+from tests.support import eventually, history_events, new_namespace, scripted_model, serving
 
 TURNS = 4
 BARE_TEMPORAL_TURN = 12
@@ -222,21 +222,12 @@ async def test_a_relaykit_attribute_registered_with_another_type_counts_as_missi
     # attributes instead of failing at the start or wedging at their first workflow task.
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
     from temporalio.service import RPCError
 
     from relaykit import search_attributes
 
-    namespace = f"mistyped-{uuid.uuid4().hex[:8]}"
-    await client.workflow_service.register_namespace(
-        RegisterNamespaceRequest(
-            namespace=namespace,
-            workflow_execution_retention_period=timedelta(days=1),  # type: ignore[arg-type]
-        )
-    )
-    mistyped = Client(
-        client.service_client, namespace=namespace, data_converter=client.data_converter
-    )
+    mistyped = await new_namespace(client, "mistyped")
+    namespace = mistyped.namespace
     wanted = {
         key.name: IndexedValueType.ValueType(
             int(

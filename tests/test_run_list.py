@@ -23,7 +23,7 @@ from relaykit.devserver import DevServer
 from relaykit.run_list import RunFilter, RunPage, list_runs_page
 from relaykit.search_attributes import RELAY_LAST_ACTIVITY, RELAY_WAITING_FOR
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
-from tests.support import cli, eventually, scripted_model, serving
+from tests.support import cli, eventually, new_namespace, scripted_model, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -197,25 +197,14 @@ async def test_a_namespace_registered_before_the_list_attributes_still_lists_and
 ) -> None:
     # Without RelayWaitingFor a run waiting for a person counts as an approval, and the
     # unknown outcomes are not counted; the page itself never asks for the attribute.
-    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
     from temporalio.service import RPCError
 
     from relaykit import search_attributes
     from relaykit.run_list import count_waiting
 
-    namespace = f"before-{uuid.uuid4().hex[:8]}"
-    await client.workflow_service.register_namespace(
-        RegisterNamespaceRequest(
-            namespace=namespace,
-            workflow_execution_retention_period=timedelta(days=1),  # type: ignore[arg-type]
-        )
-    )
+    bare = await new_namespace(client, "before")
+    namespace = bare.namespace
     older = [k for k in search_attributes.ALL if k not in search_attributes.LIST_ATTRIBUTES]
-    bare = await Client.connect(
-        client.service_client.config.target_host,
-        namespace=namespace,
-        data_converter=client.data_converter,
-    )
 
     async def registered() -> bool:
         try:
