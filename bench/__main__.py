@@ -59,6 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the floor's worker on relaykit's sandbox runner instead of the stock one (a "
         "reference: what that runner alone saves a bare workflow)",
     )
+    parser.add_argument(
+        "--floor-http", action="store_true",
+        help="the floor's model activity makes relaykit's HTTP call to the scripted model server "
+        "instead of returning at once (a reference: what the model call itself costs)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS_PATH, help="where to write JSON")
     args = parser.parse_args(argv)
     args.scenarios = [name.strip() for name in args.scenarios.split(",") if name.strip()]
@@ -143,6 +148,7 @@ async def run(args: argparse.Namespace) -> int:
         reps=args.reps,
         max_cached_workflows=args.max_cached_workflows,
         floor_lean_runner=args.floor_lean_runner,
+        floor_http=args.floor_http,
     )
     results = Results()
     results.meta = {
@@ -157,6 +163,7 @@ async def run(args: argparse.Namespace) -> int:
             "reps": args.reps,
             "max_cached_workflows": args.max_cached_workflows,
             "floor_lean_runner": args.floor_lean_runner,
+            "floor_http": args.floor_http,
         },
         "machine": machine_info(),
         "relaykit": source_info(),

@@ -65,6 +65,9 @@ class Settings:
     floor_lean_runner: bool = False
     """The floor's worker on relaykit's sandbox runner (``relaykit/sandbox.py``), not the stock
     one: a reference for what that runner alone saves a bare workflow."""
+    floor_http: bool = False
+    """The floor's model activity makes relaykit's HTTP call (``bench.floor``): a reference for
+    what the model call itself costs, not the targets' floor."""
     floor_extra: str = ""
     """One kind of command the floor's approval workflow adds before its wait
     (``bench.floor.APPROVAL_EXTRAS``; empty: none)."""
@@ -167,6 +170,9 @@ class Bench:
             args += ["--latency-ms", str(self.settings.latency_ms)]
             if self.settings.floor_lean_runner:
                 args.append("--lean-runner")
+            if self.settings.floor_http:
+                args += ["--http-model", "--model-url", self.model_url]
+                args += ["--response-bytes", str(self.settings.response_bytes)]
         child = Child(
             f"{system}-worker",
             args,

@@ -13,14 +13,20 @@ the relaykit runs they are compared with, with tiny payloads (an int in, a short
   (:data:`APPROVAL_EXTRAS`), for ``python -m bench.parked_memory --floor-extra``: what Core keeps
   per command of a cached run.
 
-The model activity sleeps for the configured model latency; nothing here talks HTTP. The
-waiting workflow sets the ``RelayStatus`` search attribute (one upsert), as relaykit runs do, so
-that the benchmark can count parked workflows the same way for both systems.
+The model activity sleeps for the configured model latency; nothing here talks HTTP. That is the
+floor every target compares with. With ``model_url`` (``python -m bench --floor-http``), the model
+activity instead makes the HTTP call relaykit's makes, to the same scripted model server: a chat
+completions request with the same system prompt, tool schema and transcript (the turn's earlier
+calls and results, each answer carrying the same filler text), parsed and thrown away. That
+floor is a reference (what a bare-Temporal agent pays for its model call), not the targets'
+floor. The waiting workflow sets the ``RelayStatus`` search attribute (one upsert), as relaykit
+runs do, so that the benchmark can count parked workflows the same way for both systems.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -110,9 +116,15 @@ class FloorApproval:
 FLOOR_WORKFLOWS: list[type] = [FloorRun, FloorFanout, FloorBackground, FloorApproval]
 
 
-def floor_activities(latency_s: float) -> list[Any]:
+def floor_activities(
+    latency_s: float, model_url: str | None = None, response_bytes: int = 100
+) -> list[Any]:
+    http_model = _http_model(model_url, response_bytes) if model_url else None
+
     @activity.defn(name=FLOOR_MODEL)
     async def model(turn: int) -> str:
+        if http_model is not None:  # the server waits for the latency itself
+            return await http_model(turn)
         if latency_s > 0:
             await asyncio.sleep(latency_s)
         return "ok"
@@ -122,3 +134,62 @@ def floor_activities(latency_s: float) -> list[Any]:
         return "ok"
 
     return [model, tool]
+
+
+SYSTEM = "You are a benchmark agent. Follow the task in the first message."
+_LOOKUP_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look something up.",
+        "parameters": {
+            "additionalProperties": False,
+            "properties": {
+                "q": {"description": "What to look up.", "title": "Q", "type": "string"}
+            },
+            "required": ["q"],
+            "type": "object",
+        },
+    },
+}
+_OPEN_ENDED = "turns=1000000"
+"""The task the HTTP floor sends: the scripted model answers every turn with a ``lookup`` call
+and the filler text, as it answers a relaykit run's tool turns."""
+
+
+def http_body(turn: int, pad: str) -> dict[str, Any]:
+    """The HTTP floor's request at ``turn``: the body relaykit's model activity sends for a
+    ``lookup`` run at that turn (``tests/test_bench_floor.py`` holds the two alike)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": _OPEN_ENDED},
+    ]
+    for done in range(1, turn):
+        call_id = f"call_{done}"
+        function = {"name": "lookup", "arguments": json.dumps({"q": f"t{done}"})}
+        call = {"id": call_id, "type": "function", "function": function}
+        messages.append({"role": "assistant", "content": pad, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": f"found t{done}"})
+    return {"model": "bench", "messages": messages, "tools": [_LOOKUP_SCHEMA]}
+
+
+def _http_model(model_url: str, response_bytes: int) -> Any:
+    """The HTTP floor's model call: one shared connection pool per worker, as relaykit's."""
+    import httpx
+
+    from bench.model_server import filler
+
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(120.0, connect=10.0),
+        limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+    )
+    url = f"{model_url.rstrip('/')}/v1/chat/completions"
+    pad = filler(response_bytes)
+
+    async def call(turn: int) -> str:
+        response = await http.post(url, json=http_body(turn, pad))
+        response.raise_for_status()
+        json.loads(response.content)
+        return "ok"
+
+    return call

@@ -2,8 +2,8 @@
 
 ``python -m bench.worker relaykit --address HOST:PORT --task-queue Q --model-url URL`` serves the
 agents of :mod:`bench.agents` with :class:`relaykit.Worker`;
-``python -m bench.worker floor --address HOST:PORT --task-queue Q [--latency-ms MS]`` serves the
-floor's workflows (:mod:`bench.floor`) with a plain Temporal worker. Both use the default worker
+``python -m bench.worker floor --address HOST:PORT --task-queue Q [--latency-ms MS]
+[--http-model --model-url URL]`` serves the floor's workflows (:mod:`bench.floor`) with a plain Temporal worker. Both use the default worker
 options (``--max-cached-workflows`` overrides the sticky cache size of either) and the same data
 converter, and both pass their own package through the workflow sandbox. Prints ``ready <pid>`` once polling; stops gracefully on SIGTERM.
 
@@ -120,7 +120,11 @@ async def serve(args: argparse.Namespace) -> None:
             client,
             task_queue=args.task_queue,
             workflows=FLOOR_WORKFLOWS,
-            activities=floor_activities(args.latency_ms / 1000.0),
+            activities=floor_activities(
+                args.latency_ms / 1000.0,
+                args.model_url if args.http_model else None,
+                args.response_bytes,
+            ),
             workflow_runner=floor_runner(args.lean_runner),
             **options,
         )
@@ -147,6 +151,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="relaykit: the model's calls on the run queue instead of its provider queue",
     )
+    parser.add_argument(
+        "--http-model",
+        action="store_true",
+        help="floor: the model activity makes relaykit's HTTP call to --model-url",
+    )
+    parser.add_argument("--response-bytes", type=int, default=100)
     parser.add_argument(
         "--lean-runner",
         action="store_true",
