@@ -313,6 +313,13 @@ class RunSetup(BaseModel):
     with a change of agent, status or what the run waits for
     (``relaykit.workflows.agent_run``); ``False`` for runs started before, whose upserts write
     them all."""
+    # Since ``relaykit.run-setup.v6`` (which implies v5's choices but ``recorded_decisions``).
+    bounded_decision_markers: bool = False
+    """Decisions are recorded by a patch marker each, and only those that are not "run it"
+    (a plain turn records nothing), for the run's first
+    :data:`relaykit.workflows.call_record.MARKER_BOUND` of them; every tool turn after that is
+    recorded by the local activity (``relaykit.workflows.call_record``). ``False`` for runs
+    started before."""
 
 
 class BudgetAsk(BaseModel):
@@ -478,6 +485,9 @@ class RunState(BaseModel):
     """Recorded at the first workflow task (see :class:`RunSetup`)."""
     repeats: RepeatGuardState = Field(default_factory=RepeatGuardState)
     """The loop guard's memory of identical tool calls."""
+    decision_markers: list[str] = Field(default_factory=list)
+    """The decision markers the run has written (``RunSetup.bounded_decision_markers``), up to
+    their bound: counted from history alike live and on replay."""
     spend: SpendState | None = None
     """The dollar budget, in runs that have one (``Budget.max_usd``)."""
 

@@ -1,7 +1,8 @@
-"""What a run decided about its tool calls and answers is recorded at a bounded cost (one local
-activity marker per turn with tool calls, per call admitted after an approval wait, per checked
-answer; no search attribute), and the recorded decisions stand when the run replays under edited
-agent definitions."""
+"""What a run decided about its tool calls and answers is recorded at a bounded cost (nothing
+for a plain turn; a patch marker for each of a run's first ``MARKER_BOUND`` decisions that are
+not "run it", then one local-activity marker per turn with tool calls, per call admitted after
+an approval wait, per checked answer), and the recorded decisions stand when the run replays
+under edited agent definitions."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from relaykit.runs import RECORD_DECISIONS_ACTIVITY
 from relaykit.sandbox import sandbox_runner
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from relaykit.workflows.agent_run import AgentRun
+from relaykit.workflows.call_record import MARKER_BOUND
 from tests.support import history_events, scripted_model, serving
 
 REFUSALS = 500
@@ -49,14 +51,15 @@ def _records_decisions(event: object) -> bool:
     )
 
 
-async def test_500_refused_calls_add_one_small_marker_each_and_no_search_attribute_update(
+async def test_500_refused_calls_add_a_bounded_number_of_patches_then_one_small_marker_each(
     client: Client, model_server: ScriptedModelServer
 ) -> None:
     # A model stuck for 500 turns: every other turn it calls a tool the agent does not have,
-    # in between it repeats a call the loop guard refuses (max_repeated_calls=1). Each refusal
-    # costs one local-activity marker of a few hundred bytes; the run's patches are decided once
-    # in its first workflow task, and no decision touches TemporalChangeVersion (before: one
-    # marker and one upsert per refusal, each upsert carrying every patch id so far).
+    # in between it repeats a call the loop guard refuses (max_repeated_calls=1). The first
+    # MARKER_BOUND refusals write a patch marker each (and Core's upsert of every patch id so
+    # far); every tool turn after them costs one local-activity marker of a few hundred bytes,
+    # so TemporalChangeVersion stays small whatever the run does (before bounds: one marker and
+    # one upsert per refusal, each upsert carrying every patch id so far).
     model = scripted_model(model_server)
     steps = [call("order_status", order_id="A-1")]
     for turn in range(REFUSALS):
@@ -82,13 +85,17 @@ async def test_500_refused_calls_add_one_small_marker_each_and_no_search_attribu
     patch_updates = [
         i for i, e in enumerate(events) if e.event_type == UPSERT and _changes_patches(e)
     ]
-    assert patch_updates and max(patch_updates) < first_call  # the run's own patches only
-    # its behaviours, search attributes (and RelayCostUSD with them), event groups
-    assert len(patch_updates) <= 4
+    before = [i for i in patch_updates if i < first_call]
+    assert len(before) == 1  # the run's setup: one marker for its choices
+    assert len(patch_updates) - len(before) == MARKER_BOUND
+    assert max(events[i].ByteSize() for i in patch_updates) < 2_000
     markers = [e for e in events[first_call:] if e.event_type == MARKER]
     recordings = [e for e in markers if _records_decisions(e)]
-    assert len(markers) == len(recordings) == REFUSALS + 1  # one per turn with tool calls
-    per_refusal = sum(e.ByteSize() for e in recordings) / REFUSALS
+    # turn 1 ran its call (nothing to record), the next MARKER_BOUND turns wrote a patch each,
+    # and every turn with tool calls after them a local-activity marker
+    assert len(markers) - len(recordings) == MARKER_BOUND
+    assert len(recordings) == REFUSALS - MARKER_BOUND
+    per_refusal = sum(e.ByteSize() for e in recordings) / len(recordings)
     assert per_refusal < 600, per_refusal
     assert sum(e.ByteSize() for e in events) / REFUSALS < 6_000
 
@@ -138,6 +145,7 @@ def _agent(model: object, edit: str = "") -> Agent:
         tools=[wire, lookup],
         max_repeated_calls=1,
         output_type=Ticket,
+        approval_order="parallel" if edit == "parallel" else "request_order",
     )
 
 
@@ -176,12 +184,14 @@ async def test_a_run_replays_under_edited_definitions_as_its_decisions_were_reco
     assert "not run again" in tools[3]
     events = await history_events(handle.workflow)
     first_call = next(i for i, e in enumerate(events) if e.event_type == MODEL_SCHEDULED)
-    assert not [e for e in events[first_call:] if e.event_type == UPSERT and _changes_patches(e)]
-    # one per tool-calling turn, one for lookup's admission, one per checked answer
-    assert sum(_records_decisions(e) for e in events if e.event_type == MARKER) == 3 + 1 + 2
+    # a marker for each decision that is not "run it": wire asks a person, lookup waits for
+    # that decision, cancel_order is unknown, the repeat is refused, the first answer rejected
+    patches = [e for e in events[first_call:] if e.event_type == UPSERT and _changes_patches(e)]
+    assert len(patches) == 5
+    assert not [e for e in events if e.event_type == MARKER and _records_decisions(e)]
 
     history = await handle.workflow.fetch_history()
-    for edit in ("", "edited", "asks"):
+    for edit in ("", "edited", "asks", "parallel"):
         graph = AgentGraph.build([_agent(model, edit)])
         queue = f"replay-{uuid.uuid4().hex[:8]}"
         registry.register(queue, graph)

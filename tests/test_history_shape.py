@@ -30,7 +30,7 @@ from relaykit.search_attributes import (
     changed_only,
 )
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
-from relaykit.workflows.run_setup import SETUP_V5_IDS
+from relaykit.workflows.run_setup import SETUP_V6_IDS
 from tests.support import eventually, history_events, new_namespace, scripted_model, serving
 
 TURNS = 4
@@ -74,10 +74,13 @@ async def test_a_new_run_writes_one_setup_marker_and_a_tool_turn_costs_at_most_t
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
         and e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert len(patch_markers) == 1  # relaykit.run-setup.v5, search-attribute choices included
+    assert len(patch_markers) == 1  # relaykit.run-setup.v6, search-attribute choices included
     # the test namespace has every attribute: all the choices are in that one marker's id
     recorded = patch_markers[0].marker_recorded_event_attributes.SerializeToString()
-    assert SETUP_V5_IDS[(True, True, True, True)].encode() in recorded
+    assert SETUP_V6_IDS[(True, True, True, True)].encode() in recorded
+    # a plain turn records no decision: no marker at all after the setup's
+    markers = [e for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert markers == patch_markers
     upserts = [
         i
         for i, k in enumerate(kinds)
@@ -109,6 +112,7 @@ async def test_a_new_run_writes_one_setup_marker_and_a_tool_turn_costs_at_most_t
     turns = [b - a for a, b in itertools.pairwise(model_calls)]
     assert len(turns) == TURNS
     assert all(events_of_turn <= BARE_TEMPORAL_TURN + 2 for events_of_turn in turns), turns
+    assert min(turns) == BARE_TEMPORAL_TURN, turns  # a plain turn: what bare Temporal writes
 
 
 async def test_runs_start_with_their_agent_and_status_so_a_child_writes_no_first_upsert(

@@ -264,7 +264,16 @@ class CallDecisions:
                     record.record_asked(slot, ask)
         self.asks = dict(zip(slots, asks, strict=True))
         wanted = [ask is not None for ask in asks]
-        return self.approvals.gates(calls, wanted, agent.approval_order == "request_order")
+        in_order = agent.approval_order == "request_order"
+        if record.bounded is None:  # runs recorded before: today's order
+            return self.approvals.gates(calls, wanted, in_order)
+        turn = slots[0].turn
+        if mode == "replay":  # whether later calls waited, as the live path recorded it
+            in_order = record.waited(turn)
+        gates = self.approvals.gates(calls, wanted, in_order)
+        if mode == "live" and any(wait_for is not None for wait_for, _ in gates):
+            record.record_waited(turn)
+        return gates
 
     def admit(
         self, agent: Agent, table: AgentTools, kind: ToolKind | None, call: ToolCall, slot: Slot

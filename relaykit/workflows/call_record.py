@@ -36,6 +36,17 @@ recorded activity; one recorded as refused is refused (:data:`REFUSED_ON_REPLAY`
 run switched to that today's code no longer defines is replayed with a stand-in agent
 (:func:`stand_in_agent`); at its next live turn the run fails with ``UnknownAgent``.
 
+**Since ``relaykit.run-setup.v6``** (``RunSetup.bounded_decision_markers``) a plain turn, whose
+calls all run, records nothing: the local activity was the largest cost a tool turn added
+under load. A decision that is not "run it" is recorded by a patch marker at the point where
+the live path makes it (the scheme below, with ``relaykit.call.<turn>.waited`` for a turn whose
+later calls wait for an earlier call's approval decision), and a replay reads it back with
+``patched``, which is what tells it whether a recording follows. Each marker makes Core upsert
+``TemporalChangeVersion`` with every patch id so far, so a run writes at most
+:data:`MARKER_BOUND` of them (``RunState.decision_markers``, counted from history live and on
+replay alike); every tool turn after the one that reached the bound is recorded by the local
+activity as above. The choice is made once per turn, at its first decision.
+
 Runs recorded before ``relaykit.run-setup.v2`` (``RunSetup.recorded_calls`` without
 ``recorded_decisions``) keep the
 earlier scheme to their end: a patch marker per decision, named after the call's turn and
@@ -60,7 +71,7 @@ from temporalio import workflow
 from relaykit.agent import Agent, AgentTool, Handoff
 from relaykit.messages import ToolCall
 from relaykit.models.spec import ModelSpec
-from relaykit.runs import RECORD_DECISIONS_ACTIVITY
+from relaykit.runs import RECORD_DECISIONS_ACTIVITY, RunState
 from relaykit.tools import Tool
 
 PATCH_RECORDED_CALLS = "relaykit.recorded-call-decisions"
@@ -73,6 +84,12 @@ ASKED = "a"
 ASKED_TIMED = "t"
 WAITS = "w"
 REJECTED = "x"
+
+MARKER_BOUND = 16
+"""Runs with ``RunSetup.bounded_decision_markers`` record this many decisions by a patch
+marker each; every tool turn after the one that reached it is recorded by the local activity.
+Each marker also makes Core upsert ``TemporalChangeVersion`` with every patch id the run has
+used, so the bound keeps that attribute small (compatibility data: never lower it)."""
 
 RECORD_TIMEOUT = timedelta(seconds=10)
 """The recording local activity returns its input; it never takes long."""
@@ -129,18 +146,49 @@ class Slot:
 class CallRecord:
     """The recorded decisions of one run's calls."""
 
-    def __init__(self, enabled: bool, by_activity: bool = False) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        by_activity: bool = False,
+        bounded: RunState | None = None,
+        turn_modes: dict[int, bool] | None = None,
+    ) -> None:
         self.enabled = enabled
         self.by_activity = by_activity
+        self.bounded = bounded
+        """The run's state, in runs with ``RunSetup.bounded_decision_markers``."""
+        self.turn_modes = {} if turn_modes is None else turn_modes
+        """Per turn of such a run: whether it records by the local activity (the run keeps it,
+        so every call of a turn is decided the same way)."""
 
     def mode(self) -> Mode:
         """Asked at the moment of each decision: a workflow task is replayed or live as a whole
-        (only runs recorded with a marker per decision tell the two apart)."""
+        (only runs recorded with a marker per decision tell the two apart). A run with bounded
+        markers chooses once per turn, from the markers history holds so far: the same choice
+        live and on replay."""
         if not self.enabled:
             return "today"
-        if self.by_activity:
+        if self.by_activity or self._bound_reached():
             return "recorded"
         return "replay" if workflow.unsafe.is_replaying() else "live"
+
+    def _bound_reached(self) -> bool:
+        state = self.bounded
+        if state is None:
+            return False
+        if state.turn not in self.turn_modes:
+            self.turn_modes.clear()  # one turn at a time
+            self.turn_modes[state.turn] = len(state.decision_markers) >= MARKER_BOUND
+        return self.turn_modes[state.turn]
+
+    def _patched(self, marker: str) -> bool:
+        """A decision's marker: written live, read back on replay; counted either way."""
+        written = workflow.patched(marker)
+        state = self.bounded
+        if written and state is not None and len(state.decision_markers) < MARKER_BOUND:
+            if marker not in state.decision_markers:
+                state.decision_markers.append(marker)
+        return written
 
     async def record(self, codes: list[str]) -> list[str]:
         """Record ``codes`` (what today's definitions decided) and return the codes that stand:
@@ -156,30 +204,45 @@ class CallRecord:
 
     def unknown(self, slot: Slot) -> bool:
         """Replay: whether the call named a tool the agent did not have when it was made."""
-        return workflow.patched(slot.marker("unknown"))
+        return self._patched(slot.marker("unknown"))
 
     def record_unknown(self, slot: Slot) -> None:
-        workflow.patched(slot.marker("unknown"))
+        self._patched(slot.marker("unknown"))
 
     def refused(self, slot: Slot) -> bool:
         """Replay: whether the call was refused when it was made."""
-        return workflow.patched(slot.marker("refused"))
+        return self._patched(slot.marker("refused"))
 
     def record_refused(self, slot: Slot) -> None:
-        workflow.patched(slot.marker("refused"))
+        self._patched(slot.marker("refused"))
 
     def asked(self, slot: Slot) -> Ask | None:
         """Replay: whether the call was to wait for a person when it was made (decided before
         the turn's calls start: later calls of the turn may wait for its decision), and whether
         that wait had a time limit (a timer in history)."""
-        if workflow.patched(slot.marker("asked")):
+        if self._patched(slot.marker("asked")):
             return "untimed"
-        if workflow.patched(slot.marker("asked-timed")):
+        if self._patched(slot.marker("asked-timed")):
             return "timed"
         return None
 
     def record_asked(self, slot: Slot, ask: Ask) -> None:
-        workflow.patched(slot.marker("asked" if ask == "untimed" else "asked-timed"))
+        self._patched(slot.marker("asked" if ask == "untimed" else "asked-timed"))
+
+    def waited(self, turn: int) -> bool:
+        """Replay, runs with bounded markers: whether the calls of ``turn`` after one that
+        waited for a person waited for its decision (the agent's ``approval_order`` then)."""
+        return self._patched(f"relaykit.call.{turn}.waited")
+
+    def record_waited(self, turn: int) -> None:
+        self._patched(f"relaykit.call.{turn}.waited")
+
+    def rejected(self, turn: int) -> bool:
+        """Replay: whether the final answer of ``turn`` was rejected (its output type)."""
+        return self._patched(f"relaykit.answer.{turn}.rejected")
+
+    def record_rejected(self, turn: int) -> None:
+        self._patched(f"relaykit.answer.{turn}.rejected")
 
 
 # --- what a call ran as, when today's code no longer knows its tool ----------------------------

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from temporalio import workflow
-
 from relaykit.agent import Agent
 from relaykit.messages import ModelResponse
 from relaykit.output import OutputType
@@ -66,11 +64,11 @@ class FinalAnswers:
             codes = await self.run.calls.record([REJECTED if verdict.problem else ""])
             return _as_recorded(verdict, text, codes == [REJECTED])
         verdict = self._check(agent, text)
-        marker = f"relaykit.answer.{self.run.state.turn}.rejected"
+        turn = self.run.state.turn
         if mode == "live" and verdict.problem is not None:
-            workflow.patched(marker)
+            self.run.calls.record_rejected(turn)
         elif mode == "replay":
-            return _as_recorded(verdict, text, workflow.patched(marker))
+            return _as_recorded(verdict, text, self.run.calls.rejected(turn))
         return verdict
 
     def _check(self, agent: Agent, text: str) -> Verdict:

@@ -59,6 +59,15 @@ SETUP_V5_IDS: dict[tuple[bool, bool, bool, bool], str] = {
     for choice, patch_id in SETUP_V4_IDS.items()
 }
 """The v5 marker's id for each choice, as :data:`SETUP_V4_IDS` (compatibility data)."""
+PATCH_RUN_SETUP_V6 = "relaykit.run-setup.v6"
+"""v5's choices with :data:`NEW_RUN_CHOICES_V6` (a decision marker only for a decision that is
+not "run it", up to a bound, instead of a local activity per tool turn), with the same
+search-attribute choices in its id (:data:`SETUP_V6_IDS`)."""
+SETUP_V6_IDS: dict[tuple[bool, bool, bool, bool], str] = {
+    choice: PATCH_RUN_SETUP_V6 + patch_id.removeprefix(PATCH_RUN_SETUP_V4)
+    for choice, patch_id in SETUP_V4_IDS.items()
+}
+"""The v6 marker's id for each choice, as :data:`SETUP_V4_IDS` (compatibility data)."""
 PATCH_PROVIDER_QUEUES = "relaykit.run-setup.provider-queues"
 """Model calls on provider queues, in runs recorded with :data:`PATCH_RUN_SETUP_V2` (asked right
 after it: runs recorded with v2 before it have no such marker and keep their queue); runs with
@@ -74,7 +83,7 @@ def recorded_setup(graph: AgentGraph) -> RunSetup:
     recorded = _recorded_attribute_choice(graph)  # since v4: one marker for all its choices
     if recorded is not None:
         version, (search_attributes, cost_attribute, list_attributes, waiting_calls) = recorded
-        choices = dict.fromkeys(NEW_RUN_CHOICES_V5 if version == 5 else NEW_RUN_CHOICES_V4, True)
+        choices = dict.fromkeys(_CHOICES_OF[version], True)
         return shared_setup(
             search_attributes=search_attributes,
             cost_attribute=cost_attribute,
@@ -141,18 +150,26 @@ relaykit.workflows.agent_run)."""
 NEW_RUN_CHOICES_V5 = (*NEW_RUN_CHOICES_V4, "changed_attributes")
 """Those a run with :data:`PATCH_RUN_SETUP_V5` has on (``changed_attributes``:
 relaykit.workflows.agent_run)."""
+NEW_RUN_CHOICES_V6 = (
+    *(choice for choice in NEW_RUN_CHOICES_V5 if choice != "recorded_decisions"),
+    "bounded_decision_markers",
+)
+"""Those a run with :data:`PATCH_RUN_SETUP_V6` has on: v5's, with its decisions recorded by a
+bounded number of markers before the local activity (``bounded_decision_markers``:
+relaykit.workflows.call_record)."""
+_CHOICES_OF = {4: NEW_RUN_CHOICES_V4, 5: NEW_RUN_CHOICES_V5, 6: NEW_RUN_CHOICES_V6}
 
 
 def _recorded_attribute_choice(
     graph: AgentGraph,
 ) -> tuple[int, tuple[bool, bool, bool, bool]] | None:
-    """The marker version (4 or 5) and the (search attributes, ``RelayCostUSD``, list
+    """The marker version (4 to 6) and the (search attributes, ``RelayCostUSD``, list
     attributes, ``RelayWaitingCalls``) choice of a run recorded with :data:`PATCH_RUN_SETUP_V4`
     or later, or ``None`` for a run recorded before v4. Live, the worker's configuration decides
-    and the one matching v5 marker records it; a replay reads which marker the history has (a
+    and the one matching v6 marker records it; a replay reads which marker the history has (a
     ``patched`` call for an id not recorded writes nothing then)."""
     if workflow.unsafe.is_replaying():
-        for version, ids in ((5, SETUP_V5_IDS), (4, SETUP_V4_IDS)):
+        for version, ids in ((6, SETUP_V6_IDS), (5, SETUP_V5_IDS), (4, SETUP_V4_IDS)):
             for choice, patch_id in ids.items():
                 if workflow.patched(patch_id):
                     return version, choice
@@ -164,5 +181,5 @@ def _recorded_attribute_choice(
         on and graph.list_attributes,
         on and graph.waiting_calls_attribute,
     )
-    workflow.patched(SETUP_V5_IDS[choice])  # live: true, and its marker records the choice
-    return 5, choice
+    workflow.patched(SETUP_V6_IDS[choice])  # live: true, and its marker records the choice
+    return 6, choice

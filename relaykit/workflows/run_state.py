@@ -99,6 +99,8 @@ class Run:
             )
         self.on_change: Callable[[], None] | None = None
         """Called after state a person can see changed (the workflow updates its UI details)."""
+        self._turn_modes: dict[int, bool] = {}
+        """How this turn's decisions are recorded (:meth:`CallRecord.mode`)."""
         self.workflow_type = AGENT_RUN_WORKFLOW
         self._background: list[asyncio.Task[Any]] = []
         self._stand_ins: dict[str, Agent] = {}
@@ -153,7 +155,12 @@ class Run:
     def calls(self) -> CallRecord:
         """The recorded decisions of this run's tool calls (``RunSetup.recorded_calls``, and
         how: ``recorded_decisions``)."""
-        return CallRecord(self.setup_flag("recorded_calls"), self.setup_flag("recorded_decisions"))
+        return CallRecord(
+            self.setup_flag("recorded_calls"),
+            self.setup_flag("recorded_decisions"),
+            self.state if self.setup_flag("bounded_decision_markers") else None,
+            self._turn_modes,
+        )
 
     def setup_flag(self, name: str) -> bool:
         """A recorded choice of :class:`relaykit.runs.RunSetup` (the worker's configuration

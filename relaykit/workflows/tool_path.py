@@ -166,6 +166,7 @@ class ToolPath:
             plan = await decisions.decide_turn(agent, table, calls, slots, routes or {})
             gates = plan.gates
         else:
+            decisions.tasks.starting = 0  # no spawn of an earlier turn is still being admitted
             gates = decisions.gates(agent, table, calls, slots, mode)
         for index, call in enumerate(calls):
             if plan is not None:

@@ -168,6 +168,7 @@ SCENARIOS = [
     # v5 (a run started with its attributes; upserts write only what changed).
     Scenario("approval_v4", "replay-approval-v4", refunder, "Refund 30 EUR on A1, and 5 on B2."),
     Scenario("approval_v5", "replay-approval-v5", refunder, "Refund 30 EUR on A1, and 5 on B2."),
+    Scenario("approval_v6", "replay-approval-v6", refunder, "Refund 30 EUR on A1, and 5 on B2."),
 ]
 
 

@@ -12,7 +12,7 @@ of :mod:`tests.histories.agents` (a tool loop, a handoff, an approval answered o
 once by signal, a turn with a repeated call id, cut-off arguments and approvals in request
 order, a run before lovia's semantics, repeated calls of two kinds under the loop guard,
 decisions recorded by the local activity, and an approval run recorded with
-``relaykit.run-setup.v4`` and again with v5)
+``relaykit.run-setup.v4`` and again with v5 and v6)
 with fixed workflow ids and task queues, and writes each history to
 ``tests/histories/<scenario>.json``. Commit the JSON files with the change.
 """
@@ -105,6 +105,7 @@ SCRIPTS: dict[str, list[Step]] = {
     ],
 }
 SCRIPTS["approval_v5"] = SCRIPTS["approval_v4"]
+SCRIPTS["approval_v6"] = SCRIPTS["approval_v4"]
 
 
 async def _wait_for_approvals(handle: RunHandle, count: int) -> None:
@@ -152,7 +153,7 @@ async def record(scenario: Scenario, client: Client, base_url: str) -> str:
         if scenario.name == "decisions":
             await _wait_for_approvals(handle, 1)
             await handle.approve("call_refund")
-        if scenario.name in ("approval_v4", "approval_v5"):  # in request order, as today
+        if scenario.name in ("approval_v4", "approval_v5", "approval_v6"):  # in request order
             await _wait_for_approvals(handle, 1)
             await handle.approve("call_refund_a1")
             await _next_approval(handle, "call_refund_a1")
