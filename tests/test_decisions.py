@@ -99,6 +99,33 @@ async def test_500_refused_calls_add_a_bounded_number_of_patches_then_one_small_
     assert per_refusal < 600, per_refusal
     assert sum(e.ByteSize() for e in events) / REFUSALS < 6_000
 
+    # Replayed by code that would decide none of it so (cancel_order exists, no loop guard),
+    # the run crosses the bound where it did and reads its decisions back: no task failure.
+    @tool(name="cancel_order")
+    def cancel_order(order_id: str) -> str:
+        """Cancel an order.
+
+        Args:
+            order_id: The order id.
+        """
+        return f"cancelled {order_id}"
+
+    history = await handle.workflow.fetch_history()
+    for edited in (agent, Agent(name="stuck500", model=model, tools=[order_status, cancel_order])):
+        graph = AgentGraph.build([edited])
+        queue = f"replay-{uuid.uuid4().hex[:8]}"
+        registry.register(queue, graph)
+        try:
+            replayed = await Replayer(
+                workflows=[AgentRun],
+                data_converter=client.data_converter,
+                workflow_runner=sandbox_runner(),
+                build_id=queue.removeprefix("replay-"),
+            ).replay_workflow(history, raise_on_replay_failure=False)
+        finally:
+            registry.unregister(queue, graph)
+        assert replayed.replay_failure is None, replayed.replay_failure
+
 
 class Ticket(BaseModel):
     title: str

@@ -265,7 +265,7 @@ class CallDecisions:
         self.asks = dict(zip(slots, asks, strict=True))
         wanted = [ask is not None for ask in asks]
         in_order = agent.approval_order == "request_order"
-        if record.bounded is None:  # runs recorded before: today's order
+        if not record.bounded:  # runs recorded before: today's order
             return self.approvals.gates(calls, wanted, in_order)
         turn = slots[0].turn
         if mode == "replay":  # whether later calls waited, as the live path recorded it

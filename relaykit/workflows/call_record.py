@@ -155,8 +155,9 @@ class CallRecord:
     ) -> None:
         self.enabled = enabled
         self.by_activity = by_activity
-        self.bounded = bounded
-        """The run's state, in runs with ``RunSetup.bounded_decision_markers``."""
+        self.state = bounded
+        """The run's state, in runs with ``RunSetup.bounded_decision_markers`` (this module
+        writes its ``decision_markers``)."""
         self.turn_modes = {} if turn_modes is None else turn_modes
         """Per turn of such a run: whether it records by the local activity (the run keeps it,
         so every call of a turn is decided the same way)."""
@@ -172,22 +173,27 @@ class CallRecord:
             return "recorded"
         return "replay" if workflow.unsafe.is_replaying() else "live"
 
+    @property
+    def bounded(self) -> bool:
+        """Whether the run records by bounded markers (``RunSetup.bounded_decision_markers``)."""
+        return self.state is not None
+
     def _bound_reached(self) -> bool:
-        state = self.bounded
-        if state is None:
+        if self.state is None:
             return False
-        if state.turn not in self.turn_modes:
+        turn = self.state.turn
+        if turn not in self.turn_modes:
             self.turn_modes.clear()  # one turn at a time
-            self.turn_modes[state.turn] = len(state.decision_markers) >= MARKER_BOUND
-        return self.turn_modes[state.turn]
+            self.turn_modes[turn] = len(self.state.decision_markers) >= MARKER_BOUND
+        return self.turn_modes[turn]
 
     def _patched(self, marker: str) -> bool:
         """A decision's marker: written live, read back on replay; counted either way."""
         written = workflow.patched(marker)
-        state = self.bounded
-        if written and state is not None and len(state.decision_markers) < MARKER_BOUND:
-            if marker not in state.decision_markers:
-                state.decision_markers.append(marker)
+        if written and self.state is not None:
+            markers = self.state.decision_markers
+            if len(markers) < MARKER_BOUND and marker not in markers:
+                self.state.decision_markers.append(marker)
         return written
 
     async def record(self, codes: list[str]) -> list[str]:

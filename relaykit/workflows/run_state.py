@@ -69,6 +69,7 @@ STATE_WRITERS: dict[str, str] = {
     "tasks_started": "subagent_tasks",
     "agent_tools_started": "agent_tools",
     "repeats": "loop_guard",
+    "decision_markers": "call_record",
     "context_ref": "context",
     "context_ref_count": "context",
     "static_refs": "context",
