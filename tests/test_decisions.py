@@ -11,7 +11,7 @@ import uuid
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer
 
 from relaykit import Agent, registry, start_run, tool
@@ -42,6 +42,25 @@ def order_status(order_id: str) -> str:
 def _changes_patches(event: object) -> bool:
     fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes  # type: ignore[attr-defined]
     return "TemporalChangeVersion" in fields.indexed_fields
+
+
+async def replay_failure(
+    client: Client, history: WorkflowHistory, agent: Agent
+) -> Exception | None:
+    """What replaying ``history`` with ``agent`` as today's definition fails with, if anything."""
+    graph = AgentGraph.build([agent])
+    queue = f"replay-{uuid.uuid4().hex[:8]}"
+    registry.register(queue, graph)
+    try:
+        replayed = await Replayer(
+            workflows=[AgentRun],
+            data_converter=client.data_converter,
+            workflow_runner=sandbox_runner(),
+            build_id=queue.removeprefix("replay-"),
+        ).replay_workflow(history, raise_on_replay_failure=False)
+    finally:
+        registry.unregister(queue, graph)
+    return replayed.replay_failure
 
 
 def _records_decisions(event: object) -> bool:
@@ -112,19 +131,7 @@ async def test_500_refused_calls_add_a_bounded_number_of_patches_then_one_small_
 
     history = await handle.workflow.fetch_history()
     for edited in (agent, Agent(name="stuck500", model=model, tools=[order_status, cancel_order])):
-        graph = AgentGraph.build([edited])
-        queue = f"replay-{uuid.uuid4().hex[:8]}"
-        registry.register(queue, graph)
-        try:
-            replayed = await Replayer(
-                workflows=[AgentRun],
-                data_converter=client.data_converter,
-                workflow_runner=sandbox_runner(),
-                build_id=queue.removeprefix("replay-"),
-            ).replay_workflow(history, raise_on_replay_failure=False)
-        finally:
-            registry.unregister(queue, graph)
-        assert replayed.replay_failure is None, replayed.replay_failure
+        assert await replay_failure(client, history, edited) is None
 
 
 class Ticket(BaseModel):
@@ -219,16 +226,4 @@ async def test_a_run_replays_under_edited_definitions_as_its_decisions_were_reco
 
     history = await handle.workflow.fetch_history()
     for edit in ("", "edited", "asks", "parallel"):
-        graph = AgentGraph.build([_agent(model, edit)])
-        queue = f"replay-{uuid.uuid4().hex[:8]}"
-        registry.register(queue, graph)
-        try:
-            replayed = await Replayer(
-                workflows=[AgentRun],
-                data_converter=client.data_converter,
-                workflow_runner=sandbox_runner(),
-                build_id=queue.removeprefix("replay-"),
-            ).replay_workflow(history, raise_on_replay_failure=False)
-        finally:
-            registry.unregister(queue, graph)
-        assert replayed.replay_failure is None, replayed.replay_failure
+        assert await replay_failure(client, history, _agent(model, edit)) is None
