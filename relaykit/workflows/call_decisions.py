@@ -112,7 +112,6 @@ class CallDecisions:
         otherwise undoes what deciding changed (the loop guard's counts, the child ids named,
         spawns counted) and decides again as recorded."""
         run = self.run
-        self.tasks.starting = 0  # the turn's spawns are counted from here
         saved = guard_snapshot(run.state, calls), self.child_ids.mark()
         plan = self._plan(agent, table, calls, slots, routes, None)
         recorded = await run.calls.record(plan.codes)

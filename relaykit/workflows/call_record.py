@@ -45,7 +45,8 @@ later calls wait for an earlier call's approval decision), and a replay reads it
 ``TemporalChangeVersion`` with every patch id so far, so a run writes at most
 :data:`MARKER_BOUND` of them (``RunState.decision_markers``, counted from history live and on
 replay alike); every tool turn after the one that reached the bound is recorded by the local
-activity as above. The choice is made once per turn, at its first decision.
+activity as above (a turn that reaches the bound finishes with markers, so each turn is
+recorded one way).
 
 Runs recorded before ``relaykit.run-setup.v2`` (``RunSetup.recorded_calls`` without
 ``recorded_decisions``) keep the
@@ -147,26 +148,19 @@ class CallRecord:
     """The recorded decisions of one run's calls."""
 
     def __init__(
-        self,
-        enabled: bool,
-        by_activity: bool = False,
-        bounded: RunState | None = None,
-        turn_modes: dict[int, bool] | None = None,
+        self, enabled: bool, by_activity: bool = False, bounded: RunState | None = None
     ) -> None:
         self.enabled = enabled
         self.by_activity = by_activity
         self.state = bounded
         """The run's state, in runs with ``RunSetup.bounded_decision_markers`` (this module
         writes its ``decision_markers``)."""
-        self.turn_modes = {} if turn_modes is None else turn_modes
-        """Per turn of such a run: whether it records by the local activity (the run keeps it,
-        so every call of a turn is decided the same way)."""
 
     def mode(self) -> Mode:
         """Asked at the moment of each decision: a workflow task is replayed or live as a whole
         (only runs recorded with a marker per decision tell the two apart). A run with bounded
-        markers chooses once per turn, from the markers history holds so far: the same choice
-        live and on replay."""
+        markers records a turn by the local activity once an earlier turn reached the bound:
+        every call of a turn is decided the same way, live and on replay."""
         if not self.enabled:
             return "today"
         if self.by_activity or self._bound_reached():
@@ -179,13 +173,12 @@ class CallRecord:
         return self.state is not None
 
     def _bound_reached(self) -> bool:
+        """Whether a turn before this one wrote the run's last marker (the marker ids name
+        their turn: ``relaykit.call.<turn>.…``, ``relaykit.answer.<turn>.…``)."""
         if self.state is None:
             return False
-        turn = self.state.turn
-        if turn not in self.turn_modes:
-            self.turn_modes.clear()  # one turn at a time
-            self.turn_modes[turn] = len(self.state.decision_markers) >= MARKER_BOUND
-        return self.turn_modes[turn]
+        markers = self.state.decision_markers
+        return len(markers) >= MARKER_BOUND and int(markers[-1].split(".")[2]) < self.state.turn
 
     def _patched(self, marker: str) -> bool:
         """A decision's marker: written live, read back on replay; counted either way."""

@@ -100,8 +100,6 @@ class Run:
             )
         self.on_change: Callable[[], None] | None = None
         """Called after state a person can see changed (the workflow updates its UI details)."""
-        self._turn_modes: dict[int, bool] = {}
-        """How this turn's decisions are recorded (:meth:`CallRecord.mode`)."""
         self.workflow_type = AGENT_RUN_WORKFLOW
         self._background: list[asyncio.Task[Any]] = []
         self._stand_ins: dict[str, Agent] = {}
@@ -160,7 +158,6 @@ class Run:
             self.setup_flag("recorded_calls"),
             self.setup_flag("recorded_decisions"),
             self.state if self.setup_flag("bounded_decision_markers") else None,
-            self._turn_modes,
         )
 
     def setup_flag(self, name: str) -> bool:

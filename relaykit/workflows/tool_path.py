@@ -162,11 +162,11 @@ class ToolPath:
         barrier: tuple[int, ToolCall, ToolKind, Prepared] | None = None
         before = None  # [lovia semantics] concurrent[:before] run before the barrier
         decisions, plan = self.decisions, None
+        decisions.tasks.starting = 0  # the turn's spawns are counted from here
         if mode == "recorded":  # decided before any call starts, by one local activity
             plan = await decisions.decide_turn(agent, table, calls, slots, routes or {})
             gates = plan.gates
         else:
-            decisions.tasks.starting = 0  # no spawn of an earlier turn is still being admitted
             gates = decisions.gates(agent, table, calls, slots, mode)
         for index, call in enumerate(calls):
             if plan is not None:
