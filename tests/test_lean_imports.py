@@ -90,7 +90,7 @@ def test_fetching_a_page_is_what_loads_the_html_parser() -> None:
 def test_a_worker_model_client_loads_no_ca_certificate_before_an_https_call() -> None:
     probe = (
         "from relaykit.activities.model_call import ModelActivities\n"
-        "ctx = ModelActivities().http._transport._pool._ssl_context\n"
+        "ctx = ModelActivities().http._transport.ssl_context\n"
         "print(ctx.cert_store_stats()['x509_ca'])\n"
         "ctx.wrap_bio(__import__('ssl').MemoryBIO(), __import__('ssl').MemoryBIO(),"
         " server_hostname='example.com')\n"
@@ -243,7 +243,7 @@ async def main():
 asyncio.run(main())
 """
     loaded = loaded_after(probe, whole_names=True)
-    assert "httpcore" in loaded  # the worker did call the model
+    assert "aiohttp.client_proto" in loaded  # the worker's model client
     assert any((tmp_path / "store").rglob("*")), "the run stored its transcript locally"
     tops = {name.split(".")[0] for name in loaded}
     assert tops.isdisjoint(OPTIONAL), sorted(tops & set(OPTIONAL))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from relaykit.errors import (
     PAYLOAD_TOO_LARGE,
 )
 from relaykit.messages import Message, ModelResponse, OutputSpec, ToolCall, ToolSpec
+from relaykit.models.http_transport import AiohttpTransport, model_http_client
 from relaykit.models.providers import (
     MAX_RETRY_DELAY,
     call_model,
@@ -82,9 +84,19 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedModelServer) -> N
     monkeypatch.setenv("ANTHROPIC_API_KEY", "ant-test-key")
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
+@pytest.fixture(params=["httpx", "aiohttp"])
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    """Every provider test runs on httpx's own connections and on the worker's (aiohttp's),
+    which must fail the same way: the error kinds decide what is retried."""
+    if request.param == "httpx":
+        client = httpx.AsyncClient()
+    else:
+        client = model_http_client(
+            timeout=httpx.Timeout(120.0, connect=10.0),
+            max_connections=10,
+            verify=ssl.create_default_context(),
+        )
+    async with client:
         yield client
 
 
@@ -481,6 +493,43 @@ async def test_connection_refused_is_retried(http: httpx.AsyncClient) -> None:
     exc = await fails(req("gone", base_url=f"http://127.0.0.1:{port}/v1"), http)
     assert exc.type == MODEL_CALL_FAILED and not exc.non_retryable
     assert "could not reach openai" in exc.message
+
+
+async def test_a_server_that_never_answers_times_out_and_is_retried(
+    http: httpx.AsyncClient,
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # accepts the connection, never reads nor answers
+        port = listener.getsockname()[1]
+        request = req("silent", base_url=f"http://127.0.0.1:{port}/v1")
+        request = request.model_copy(
+            update={"model": request.model.model_copy(update={"timeout_seconds": 0.3})}
+        )
+        exc = await fails(request, http)
+    assert exc.type == MODEL_CALL_FAILED and not exc.non_retryable
+    assert "did not answer within 0.3s (ReadTimeout)" in exc.message, exc.message
+
+
+def test_a_worker_behind_a_proxy_keeps_httpx_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    def transport() -> httpx.AsyncBaseTransport:
+        client = model_http_client(
+            timeout=httpx.Timeout(1.0), max_connections=1, verify=ssl.create_default_context()
+        )
+        return client._transport
+
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert isinstance(transport(), AiohttpTransport)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert isinstance(transport(), httpx.AsyncHTTPTransport)  # which honours the proxy
 
 
 async def test_dropped_connection_is_retried(

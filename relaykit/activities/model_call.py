@@ -1,4 +1,5 @@
-"""The model activity: one model call over httpx, with provider errors turned into retry
+"""The model activity: one model call over httpx (on aiohttp's connections, see
+:mod:`relaykit.models.http_transport`), with provider errors turned into retry
 decisions (see :mod:`relaykit.models.providers`).
 
 One activity type serves every model call (``relaykit.model_call``); its name is compatibility
@@ -19,6 +20,7 @@ from relaykit._lean import DeferredCAContext
 from relaykit.messages import ModelResponse
 from relaykit.models.backpressure import ProviderGates, gate_key
 from relaykit.models.endpoints import resolve_endpoint
+from relaykit.models.http_transport import model_http_client
 from relaykit.models.providers import call_model
 from relaykit.models.spec import ModelRequest
 from relaykit.pricing import priced
@@ -39,9 +41,9 @@ class ModelActivities:
     def __init__(
         self, http: httpx.AsyncClient | None = None, transcripts: TranscriptStore | None = None
     ) -> None:
-        self.http = http or httpx.AsyncClient(
+        self.http = http or model_http_client(
             timeout=httpx.Timeout(120.0, connect=10.0),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+            max_connections=200,
             verify=DeferredCAContext(),  # CAs loaded by the first https call, if any
         )
         self.transcripts = transcripts or TranscriptStore()
