@@ -64,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the floor's model activity makes relaykit's HTTP call to the scripted model server "
         "instead of returning at once (a reference: what the model call itself costs)",
     )
+    parser.add_argument(
+        "--model-on-run-queue", action="store_true",
+        help="relaykit's model calls on the run's own task queue (ModelSpec.task_queue) instead "
+        "of the provider queue (a reference: what the provider queue costs)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS_PATH, help="where to write JSON")
     args = parser.parse_args(argv)
     args.scenarios = [name.strip() for name in args.scenarios.split(",") if name.strip()]
@@ -149,6 +154,7 @@ async def run(args: argparse.Namespace) -> int:
         max_cached_workflows=args.max_cached_workflows,
         floor_lean_runner=args.floor_lean_runner,
         floor_http=args.floor_http,
+        model_on_run_queue=args.model_on_run_queue,
     )
     results = Results()
     results.meta = {
@@ -164,6 +170,7 @@ async def run(args: argparse.Namespace) -> int:
             "max_cached_workflows": args.max_cached_workflows,
             "floor_lean_runner": args.floor_lean_runner,
             "floor_http": args.floor_http,
+            "model_on_run_queue": args.model_on_run_queue,
         },
         "machine": machine_info(),
         "relaykit": source_info(),

@@ -174,14 +174,19 @@ def http_body(turn: int, pad: str) -> dict[str, Any]:
 
 
 def _http_model(model_url: str, response_bytes: int) -> Any:
-    """The HTTP floor's model call: one shared connection pool per worker, as relaykit's."""
+    """The HTTP floor's model call: one shared connection pool per worker, relaykit's own
+    model client (what relaykit's HTTP costs is then the same on both sides)."""
+    import ssl
+
     import httpx
 
     from bench.model_server import filler
+    from relaykit.models.http_transport import model_http_client
 
-    http = httpx.AsyncClient(
+    http = model_http_client(
         timeout=httpx.Timeout(120.0, connect=10.0),
-        limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+        max_connections=200,
+        verify=ssl.create_default_context(),
     )
     url = f"{model_url.rstrip('/')}/v1/chat/completions"
     pad = filler(response_bytes)
