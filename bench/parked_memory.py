@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import re
 import signal
 import tempfile
 import tracemalloc
@@ -138,11 +140,26 @@ async def _park_twice(
     return snapshots, rss
 
 
-async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> dict[str, Any]:
+def _site(frames: list[str]) -> str:
+    """Where an allocation was made, as a person would look for it: the innermost relaykit
+    frame (tracemalloc lists the innermost frame last), else the innermost frame."""
+    for text in reversed(frames):
+        if "relaykit/" in text:
+            return text[text.index("relaykit/") :]
+    if not frames:
+        return "?"
+    innermost = frames[-1].rsplit("site-packages/", 1)[-1]
+    return re.sub(r"^.*/lib/python3\.\d+/", "", innermost)  # the standard library's, by name
+
+
+async def measure_system(
+    bench: Bench, system: str, runs: int, frames: int, top: int = 0
+) -> dict[str, Any]:
     traced, _ = await _park_twice(bench, system, runs, frames)
     first, second = traced[0][0], traced[1][0]
     assert first is not None and second is not None
     groups = dict.fromkeys((name for name, _ in GROUPS), 0.0)
+    sites: collections.Counter[str] = collections.Counter()
     for stat in second.compare_to(first, "traceback"):
         texts = [
             f"{frame.filename}:{frame.lineno}"
@@ -151,6 +168,7 @@ async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> d
         ]
         name = next(name for name, test in GROUPS if test(texts))
         groups[name] += stat.size_diff
+        sites[_site(texts)] += stat.size_diff
     per_run = {name: size / runs / 1000 for name, size in groups.items()}
     python_large = (_python_large(second) - _python_large(first)) / runs / 1000
     # Untraced: tracing's own records come from malloc too, and inflate the RSS.
@@ -161,6 +179,9 @@ async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> d
     )
     return {
         "heap_kb_per_run": per_run,
+        "sites_kb_per_run": {
+            site: round(size / runs / 1000, 2) for site, size in sites.most_common(top)
+        },
         "heap_kb_per_run_total": sum(per_run.values()),
         "outside_python_kb_per_run": outside,
         "rss_kb_per_run": (rss[1] - rss[0]) * 1.024 / runs,
@@ -170,7 +191,7 @@ async def measure_system(bench: Bench, system: str, runs: int, frames: int) -> d
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return await side_by_side(
         "parked-memory",
-        lambda b, s: measure_system(b, s, args.runs, args.frames),
+        lambda b, s: measure_system(b, s, args.runs, args.frames, args.sites),
         Settings(floor_extra=args.floor_extra),
         floor_extra=args.floor_extra,
         runs=args.runs,
@@ -210,6 +231,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100, help="runs parked per snapshot")
     parser.add_argument("--frames", type=int, default=8, help="frames kept per allocation")
     parser.add_argument(
+        "--sites", type=int, default=0, help="also list the largest N allocation sites per system"
+    )
+    parser.add_argument(
         "--floor-extra",
         choices=APPROVAL_EXTRAS,
         default="",
@@ -217,6 +241,9 @@ def main() -> None:
     )
     result = asyncio.run(measure(parser.parse_args()))
     print(table(result))
+    for system in ("relaykit", "floor"):
+        for site, kb in result[system]["sites_kb_per_run"].items():
+            print(f"{system}: {kb:6.2f} kB  {site}")
     print(json.dumps(result))
 
 
