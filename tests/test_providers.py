@@ -231,6 +231,7 @@ async def test_anthropic_request_shape(
     body = recorded.body
     assert recorded.headers["x-api-key"] == "ant-test-key"
     assert recorded.headers["anthropic-version"] == "2023-06-01"
+    assert recorded.headers["content-type"] == "application/json"
     assert "authorization" not in recorded.headers
     assert body["max_tokens"] == 4096
     assert body["system"].startswith("be brief\n\n")
@@ -484,6 +485,17 @@ async def test_context_overflow_from_a_local_server_message(
     server.script("llama-overflow", [error(400, body=body)])
     exc = await fails(req("llama-overflow"), http)
     assert exc.type == CONTEXT_WINDOW_EXCEEDED and exc.non_retryable
+
+
+async def test_the_body_is_json_that_keeps_every_character(
+    server: ScriptedModelServer, http: httpx.AsyncClient
+) -> None:
+    server.script("oa-unicode", [text("ok")])
+    said = 'café ☕, "quoted" \\ and a newline\n, 𝄞'
+    await call_model(req("oa-unicode", messages=[Message.user(said)]), http=http)
+    recorded = server.requests("oa-unicode")[0]
+    assert recorded.headers["content-type"] == "application/json"
+    assert recorded.body["messages"][-1]["content"] == said
 
 
 async def test_connection_refused_is_retried(http: httpx.AsyncClient) -> None:

