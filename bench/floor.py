@@ -173,12 +173,16 @@ def http_body(turn: int, pad: str) -> dict[str, Any]:
     return {"model": "bench", "messages": messages, "tools": [_LOOKUP_SCHEMA]}
 
 
+_JSON_CONTENT = {"content-type": "application/json"}
+
+
 def _http_model(model_url: str, response_bytes: int) -> Any:
     """The HTTP floor's model call: one shared connection pool per worker, relaykit's own
     model client (what relaykit's HTTP costs is then the same on both sides)."""
     import ssl
 
     import httpx
+    import pydantic_core
 
     from bench.model_server import filler
     from relaykit.models.http_transport import model_http_client
@@ -192,7 +196,8 @@ def _http_model(model_url: str, response_bytes: int) -> Any:
     pad = filler(response_bytes)
 
     async def call(turn: int) -> str:
-        response = await http.post(url, json=http_body(turn, pad))
+        body = pydantic_core.to_json(http_body(turn, pad))  # encoded as relaykit encodes it
+        response = await http.post(url, content=body, headers=_JSON_CONTENT)
         response.raise_for_status()
         json.loads(response.content)
         return "ok"

@@ -32,7 +32,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 #: (category, test on the ";"-joined stack); the first category that matches gets the sample.
 CATEGORIES: list[tuple[str, Callable[[str], bool]]] = [
-    ("model activity: HTTP client (httpx, httpcore)", lambda s: "httpx/" in s or "httpcore/" in s),
+    (
+        "model activity: HTTP client (httpx, httpcore, aiohttp)",
+        lambda s: "httpx/" in s or "httpcore/" in s or "aiohttp/" in s,
+    ),
     (
         "model activity: transcript store and asyncio.to_thread hops",
         lambda s: "relaykit/transcripts" in s or "to_thread (asyncio/threads.py" in s,
