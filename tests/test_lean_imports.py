@@ -34,6 +34,21 @@ OPTIONAL = (
 )
 
 
+@pytest.fixture(autouse=True)
+def no_proxy_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a proxy the model client is httpx's own; these probes (which inherit the
+    environment) look at the aiohttp one a worker otherwise builds."""
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
 CLIENT_SIDE = ("relaykit.client", "relaykit.codec", "relaykit.fork")
 """relaykit modules a worker never uses (imported when their names are first used)."""
 

@@ -50,6 +50,7 @@ _ENV = (
     "RELAYKIT_LOCAL_BASE_URL",
     "MY_KEY",
 )
+_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 WEATHER = ToolSpec(
     name="get_weather",
@@ -77,7 +78,7 @@ def server() -> Iterator[ScriptedModelServer]:
 def clean_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedModelServer) -> None:
     """Each test points the providers at the scripted server; nothing from the real
     environment may leak in."""
-    for name in _ENV:
+    for name in (*_ENV, *_PROXY_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OPENAI_BASE_URL", f"{server.base_url}/v1")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
@@ -530,16 +531,7 @@ def test_a_worker_behind_a_proxy_keeps_httpx_transport(monkeypatch: pytest.Monke
         )
         return client._transport
 
-    for name in (
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    assert isinstance(transport(), AiohttpTransport)
+    assert isinstance(transport(), AiohttpTransport)  # clean_env removed every proxy variable
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     assert isinstance(transport(), httpx.AsyncHTTPTransport)  # which honours the proxy
 
