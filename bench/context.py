@@ -378,17 +378,24 @@ async def side_by_side(
     name: str,
     measure_system: Callable[[Bench, str], Awaitable[Any]],
     settings: Settings | None = None,
+    reps: int = 1,
     **options: Any,
 ) -> dict[str, Any]:
     """``measure_system(bench, system)`` for relaykit, then the floor, on one standalone bench
     (with ``settings``, the defaults if none); with ``options`` (the command's), the commit, the
-    time taken and the load average around it, as the benchmarks that run alone print them."""
+    time taken and the load average around it, as the benchmarks that run alone print them.
+
+    With ``reps`` above 1, each system is measured that many times, the order alternating from
+    round to round (:func:`rounds`): the one measured second runs on a server that has just
+    held the other's runs. Each system's figures are then the list of its rounds."""
     load_before = os.getloadavg()[0]
     began = time.time()
-    figures: dict[str, Any] = {}
+    measured: dict[str, list[Any]] = {system: [] for system in SYSTEMS}
     async with standalone_bench(settings or Settings(), name) as bench:
-        for system in SYSTEMS:
-            figures[system] = await measure_system(bench, system)
+        for _, order in rounds(reps):
+            for system in order:
+                measured[system].append(await measure_system(bench, system))
+    figures = {system: found[0] if reps == 1 else found for system, found in measured.items()}
     return {
         **options,
         "commit": commit(),

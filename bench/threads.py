@@ -18,10 +18,12 @@ import asyncio
 import collections
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
 from bench.context import gather_limited, side_by_side
+from bench.report import SYSTEMS
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -73,12 +75,32 @@ async def measure_system(bench: Any, system: str, runs: int, turns: int) -> dict
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    return await side_by_side(
+    result = await side_by_side(
         "threads",
         lambda b, s: measure_system(b, s, args.runs, args.turns),
+        reps=args.reps,
         runs=args.runs,
         turns=args.turns,
     )
+    if args.reps == 1:
+        return result
+    # Each system's figures are its median round (by CPU per turn, all threads); every round's
+    # total and ratio are kept beside them, since one round's ratio says little.
+    totals = {system: [_total(figures) for figures in result[system]] for system in SYSTEMS}
+    ratios = [mine / theirs for mine, theirs in zip(totals["relaykit"], totals["floor"])]
+    for system in SYSTEMS:
+        rounds_ = result[system]
+        result[system] = rounds_[totals[system].index(statistics.median_low(totals[system]))]
+    result["rounds"] = {
+        **{f"{system}_ms_per_turn": [round(t, 2) for t in totals[system]] for system in SYSTEMS},
+        "ratio": [round(r, 2) for r in ratios],
+        "median_ratio": round(statistics.median(ratios), 2),
+    }
+    return result
+
+
+def _total(figures: dict[str, list[float]]) -> float:
+    return sum(user + system for user, system in figures.values())
 
 
 def table(result: dict[str, Any]) -> str:
@@ -103,8 +125,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--turns", type=int, default=10)
-    result = asyncio.run(measure(parser.parse_args()))
+    parser.add_argument(
+        "--reps", type=int, default=1,
+        help="rounds per system, alternating which goes first; the table shows each system's "
+        "median round, and every round's ratio is printed under it",
+    )
+    args = parser.parse_args()
+    if args.reps < 1:
+        parser.error(f"--reps must be at least 1, got {args.reps}")
+    result = asyncio.run(measure(args))
     print(table(result))
+    if "rounds" in result:
+        rounds_ = result["rounds"]
+        print(f"\nratio per round: {rounds_['ratio']}, median {rounds_['median_ratio']}x")
     print(json.dumps(result))
 
 
