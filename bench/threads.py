@@ -87,7 +87,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     # Each system's figures are its median round (by CPU per turn, all threads); every round's
     # total and ratio are kept beside them, since one round's ratio says little.
     totals = {system: [_total(figures) for figures in result[system]] for system in SYSTEMS}
-    ratios = [mine / theirs for mine, theirs in zip(totals["relaykit"], totals["floor"])]
+    ratios = [mine / theirs for mine, theirs in zip(totals["relaykit"], totals["floor"], strict=True)]
     for system in SYSTEMS:
         rounds_ = result[system]
         result[system] = rounds_[totals[system].index(statistics.median_low(totals[system]))]
