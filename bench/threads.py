@@ -87,7 +87,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     # Each system's figures are its median round (by CPU per turn, all threads); every round's
     # total and ratio are kept beside them, since one round's ratio says little.
     totals = {system: [_total(figures) for figures in result[system]] for system in SYSTEMS}
-    ratios = [mine / theirs for mine, theirs in zip(totals["relaykit"], totals["floor"], strict=True)]
+    ratios = [
+        mine / theirs for mine, theirs in zip(totals["relaykit"], totals["floor"], strict=True)
+    ]
     for system in SYSTEMS:
         rounds_ = result[system]
         result[system] = rounds_[totals[system].index(statistics.median_low(totals[system]))]
@@ -126,7 +128,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument(
-        "--reps", type=int, default=1,
+        "--reps",
+        type=int,
+        default=1,
         help="rounds per system, alternating which goes first; the table shows each system's "
         "median round, and every round's ratio is printed under it",
     )
