@@ -38,14 +38,9 @@ OPTIONAL = (
 def no_proxy_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Behind a proxy the model client is httpx's own; these probes (which inherit the
     environment) look at the aiohttp one a worker otherwise builds."""
-    for name in (
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ):
+    from relaykit.models.http_transport import PROXY_VARIABLES
+
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
 

@@ -24,7 +24,7 @@ from relaykit.errors import (
     PAYLOAD_TOO_LARGE,
 )
 from relaykit.messages import Message, ModelResponse, OutputSpec, ToolCall, ToolSpec
-from relaykit.models.http_transport import AiohttpTransport, model_http_client
+from relaykit.models.http_transport import PROXY_VARIABLES, AiohttpTransport, model_http_client
 from relaykit.models.providers import (
     MAX_RETRY_DELAY,
     call_model,
@@ -50,7 +50,6 @@ _ENV = (
     "RELAYKIT_LOCAL_BASE_URL",
     "MY_KEY",
 )
-_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 WEATHER = ToolSpec(
     name="get_weather",
@@ -78,7 +77,7 @@ def server() -> Iterator[ScriptedModelServer]:
 def clean_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedModelServer) -> None:
     """Each test points the providers at the scripted server; nothing from the real
     environment may leak in."""
-    for name in (*_ENV, *_PROXY_ENV):
+    for name in (*_ENV, *PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OPENAI_BASE_URL", f"{server.base_url}/v1")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
@@ -497,6 +496,21 @@ async def test_the_body_is_json_that_keeps_every_character(
     recorded = server.requests("oa-unicode")[0]
     assert recorded.headers["content-type"] == "application/json"
     assert recorded.body["messages"][-1]["content"] == said
+
+
+@pytest.mark.parametrize(
+    ("base_url", "said"),
+    [
+        ("ftp://127.0.0.1:9/v1", "unsupported protocol 'ftp://'"),
+        ("localhost:8000/v1", "missing an 'http://' or 'https://' protocol"),
+    ],
+)
+async def test_a_base_url_that_is_not_http_is_a_configuration_error(
+    http: httpx.AsyncClient, base_url: str, said: str
+) -> None:
+    exc = await fails(req("m", base_url=base_url), http)
+    assert exc.type == MODEL_CALL_FAILED and exc.non_retryable
+    assert said in exc.message and "must start with http:// or https://" in exc.message, exc.message
 
 
 async def test_connection_refused_is_retried(http: httpx.AsyncClient) -> None:

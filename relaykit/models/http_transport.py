@@ -27,7 +27,15 @@ from collections.abc import AsyncIterator
 import aiohttp
 import httpx
 
-_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
+PROXY_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+)
+"""Any of these set makes a worker's model client httpx's own transport (it honours them)."""
 
 
 def model_http_client(
@@ -49,7 +57,7 @@ def model_http_client(
 
 
 def _environment_names_a_proxy() -> bool:
-    return any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARIABLES)
+    return any(os.environ.get(name) for name in PROXY_VARIABLES)
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -142,6 +150,12 @@ def _as_httpx_error(exc: BaseException, request: httpx.Request) -> httpx.Transpo
         kind = httpx.PoolTimeout  # waited for a free connection (aiohttp's "connect" timeout)
     elif isinstance(exc, (aiohttp.NonHttpUrlClientError, aiohttp.InvalidUrlClientError)):
         kind = httpx.UnsupportedProtocol
+        scheme = request.url.scheme
+        message = (  # httpx's words: aiohttp's name only the URL
+            f"Request URL has an unsupported protocol '{scheme}://'."
+            if scheme
+            else "Request URL is missing an 'http://' or 'https://' protocol."
+        )
     elif isinstance(exc, aiohttp.ClientConnectorError):  # refused, DNS, TLS certificate
         kind = httpx.ConnectError
     elif isinstance(exc, aiohttp.ServerDisconnectedError):
