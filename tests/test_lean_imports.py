@@ -60,6 +60,7 @@ def loaded_after(code: str, *, whole_names: bool = False) -> set[str]:
 def test_a_worker_that_uses_no_optional_part_does_not_import_one() -> None:
     loaded = loaded_after("import relaykit, relaykit.worker, relaykit.client")
     assert "temporalio" in loaded and "httpx" in loaded  # the probe does see imports
+    assert "aiohttp" not in loaded  # loaded when a worker builds its model client
     assert loaded.isdisjoint(OPTIONAL), sorted(loaded & set(OPTIONAL))
 
 

@@ -24,7 +24,8 @@ from relaykit.errors import (
     PAYLOAD_TOO_LARGE,
 )
 from relaykit.messages import Message, ModelResponse, OutputSpec, ToolCall, ToolSpec
-from relaykit.models.http_transport import PROXY_VARIABLES, AiohttpTransport, model_http_client
+from relaykit.models.aiohttp_transport import AiohttpTransport
+from relaykit.models.http_transport import PROXY_VARIABLES, model_http_client
 from relaykit.models.providers import (
     MAX_RETRY_DELAY,
     call_model,
