@@ -219,7 +219,8 @@ class Store:
         self.directory = _local_path(self.url)
         """The local directory of a ``file://`` store (``None`` for object stores)."""
         self._store: Any = None
-        self._dirs_made: set[Path] = set()
+        self._root_checked = False
+        """Whether the store's own folder exists and is private (checked once)."""
 
     @classmethod
     def from_env(cls, *, codec: PayloadCodec | None = None) -> Store:
@@ -300,8 +301,6 @@ class Store:
 
     def _make_dir(self, path: Path) -> None:
         """Create ``path`` and missing parents inside the store as 0700."""
-        if path in self._dirs_made:
-            return
         missing: list[Path] = []
         cursor = path
         while not cursor.exists():
@@ -312,13 +311,13 @@ class Store:
                 os.mkdir(directory, 0o700)
             except FileExistsError:
                 pass
-        if self.directory is not None and path == self.directory:
+        if self.directory is not None and path == self.directory and not self._root_checked:
             try:  # a store directory made by an older relaykit was 0755
                 if path.stat().st_mode & 0o077:
                     os.chmod(path, 0o700)
             except OSError:
                 pass
-        self._dirs_made.add(path)
+            self._root_checked = True
 
     # --- bytes ----------------------------------------------------------------------------------
 
@@ -368,15 +367,16 @@ class Store:
 
     def _put_local(self, key: str, data: bytes) -> None:
         assert self.directory is not None
-        self._make_dir(self.directory)
+        if not self._root_checked:
+            self._make_dir(self.directory)
         path = self.directory / key
-        self._make_dir(path.parent)
         # A unique temporary name per write: concurrent saves of one key never share one.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileNotFoundError:  # the folder was removed (gc) since we made it
-            self._dirs_made.clear()
+        except FileNotFoundError:
+            # Its folder is new (or was removed by gc): made now. Folders are not remembered,
+            # so a worker holds nothing per run it ever wrote for (a run has up to 256 of them).
             self._make_dir(path.parent)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
