@@ -111,8 +111,6 @@ class TranscriptStore:
         self.store = store if isinstance(store, Store) else Store(store)
         self._cache: OrderedDict[str, list[Message]] = OrderedDict()
         self._cache_size = cache_size
-        self._static: OrderedDict[str, dict[str, object]] = OrderedDict()
-        """Recent runs' request parts (one per run: its key names the run's folder)."""
         self._chains: OrderedDict[str, list[str]] = OrderedDict()
         """Nearest ancestors of recent prefixes (what a new node lists, see :meth:`load`)."""
         # Where nodes of the old flat layout may be: the store's own directory (an old
@@ -249,14 +247,12 @@ class TranscriptStore:
         key = self._static_key(scope, digest)
         if not await self.store.exists(key):
             await self.store.put(key, json.dumps(part).encode())
-        self._remember_static(f"{scope}/{digest}", part)
 
     async def load_static(self, scope: str, digest: str) -> dict[str, object]:
+        """A request's unchanging part, from the store. Not cached here: the model activities
+        keep parts by digest, parsed, shared by every run of an agent (a copy per run here was
+        kilobytes a worker held for each run it served)."""
         valid_digest(digest)
-        cached = self._static.get(f"{scope}/{digest}")
-        if cached is not None:
-            self._static.move_to_end(f"{scope}/{digest}")
-            return cached
         data = await self._get(self._static_key(scope, digest), f"static/{digest}.json")
         if data is None:
             raise TranscriptNotFound(digest)
@@ -266,16 +262,7 @@ class TranscriptStore:
             raise TranscriptNotFound(digest) from None
         if not isinstance(part, dict):
             raise TranscriptNotFound(digest)
-        self._remember_static(f"{scope}/{digest}", part)
         return part
-
-    def _remember_static(self, key: str, part: dict[str, object]) -> None:
-        # Bounded like the transcripts: a worker serves runs for months, and a run's part (its
-        # system prompt and tool schemas, kilobytes) is not needed once the run is gone.
-        self._static[key] = part
-        self._static.move_to_end(key)
-        while len(self._static) > self._cache_size:
-            self._static.popitem(last=False)
 
     def _remember(self, key: str, messages: list[Message]) -> None:
         self._cache[key] = messages

@@ -137,12 +137,11 @@ async def test_a_forged_context_ref_in_a_raw_start_input_resends_inline_without_
 
 async def test_many_concurrent_saves_of_one_digest_all_succeed(tmp_path: Path) -> None:
     part = {"system": "the same static part every run of an agent sends", "tools": []}
-    stores = [TranscriptStore(tmp_path / "store") for _ in range(12)]  # 12 workers, no cache
+    stores = [TranscriptStore(tmp_path / "store") for _ in range(12)]  # 12 workers
     digest = "ab" * 16
 
     async def save_many(store: TranscriptStore) -> None:
         for _ in range(100):
-            store._static.clear()
             await store.store.put(f"runs/r/static/{digest}", json.dumps(part).encode())
             await store.save_static("r", digest, part)
 
