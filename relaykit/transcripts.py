@@ -30,6 +30,7 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from relaykit.messages import Message
 from relaykit.storage import (
@@ -52,6 +53,10 @@ DEFAULT_CACHE_SIZE = 512
 its parent). Sized for hundreds of runs in flight at once: with fewer entries than runs every
 model call read its run's chain from the store again (64 entries cost a 200-run fleet about
 3 ms of worker CPU per turn in thread hops)."""
+DEFAULT_CACHE_BYTES = 64 * 2**20
+"""And at most this many bytes of them (their stored JSON; a run's transcript in memory takes a
+few times that): a fleet of long research runs, each with a transcript of hundreds of
+kilobytes, would otherwise hold 512 of them. The newest transcript stays whatever its size."""
 TRANSCRIPT_MISSING = "TranscriptMissing"
 """ApplicationError type a model activity raises when it cannot rebuild a prefix."""
 REQUEST_PART_MISSING = "RequestPartMissing"
@@ -62,6 +67,13 @@ its transcript chain."""
 
 class TranscriptNotFound(LookupError):
     pass
+
+
+class _Node(NamedTuple):
+    """A chain node read from the store, and its size there."""
+
+    data: dict[str, Any]
+    size: int
 
 
 def _canonical(messages: list[Message]) -> str:
@@ -106,11 +118,16 @@ class TranscriptStore:
         store: Store | str | os.PathLike[str] | None = None,
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         legacy_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self._cache: OrderedDict[str, list[Message]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._sizes: dict[str, int] = {}
+        """Each cached transcript's size in bytes of JSON (what ``cache_bytes`` bounds)."""
+        self._cached_bytes = 0
         self._chains: OrderedDict[str, list[str]] = OrderedDict()
         """Nearest ancestors of recent prefixes (what a new node lists, see :meth:`load`)."""
         # Where nodes of the old flat layout may be: the store's own directory (an old
@@ -153,9 +170,12 @@ class TranscriptStore:
             await self.store.put(key, node.encode())
         self._remember_chain(f"{scope}/{digest}", ancestors)
         # The next load asks for the new prefix, so the run keeps one entry: the one it needs.
-        base = None if parent is None else self._cache.pop(f"{scope}/{parent}", None)
+        base = None if parent is None else self._forget(f"{scope}/{parent}")
         if parent is None or base is not None:
-            self._remember(f"{scope}/{digest}", [*(base or []), *messages])
+            base_messages, base_size = base or ([], 0)
+            self._remember(
+                f"{scope}/{digest}", [*base_messages, *messages], base_size + len(canonical)
+            )
         return digest
 
     def cached(self, scope: str, digest: str) -> list[Message] | None:
@@ -176,18 +196,21 @@ class TranscriptStore:
         cached = self.cached(scope, digest)
         if cached is not None:
             return cached
-        nodes: dict[str, dict] = {}
+        nodes: dict[str, _Node] = {}
         chunks: list[list[Message]] = []
         order: list[str] = []
+        size = 0
         cursor: str | None = digest
         while cursor is not None:
             cursor = valid_digest(cursor)
             hit = self._cache.get(f"{scope}/{cursor}")
             if hit is not None:
                 chunks.append(hit)
+                size += self._sizes.get(f"{scope}/{cursor}", 0)
                 order.extend([cursor, *self._chains.get(f"{scope}/{cursor}", [])])
                 break
-            node = nodes.pop(cursor, None) or await self._read_node(scope, cursor)
+            found = nodes.pop(cursor, None) or await self._read_node(scope, cursor)
+            node, size = found.data, size + found.size
             chunks.append([Message.model_validate(m) for m in node["messages"]])
             order.append(cursor)
             parent = node["parent"]
@@ -204,11 +227,11 @@ class TranscriptStore:
                     *(self._read_node(scope, d) for d in wanted), return_exceptions=True
                 )
                 nodes.update(
-                    (d, n) for d, n in zip(wanted, read, strict=True) if isinstance(n, dict)
+                    (d, n) for d, n in zip(wanted, read, strict=True) if isinstance(n, _Node)
                 )
             cursor = parent
         messages = [m for chunk in reversed(chunks) for m in chunk]
-        self._remember(f"{scope}/{digest}", messages)
+        self._remember(f"{scope}/{digest}", messages, size)
         self._remember_chain(f"{scope}/{digest}", order[1 : SKIP + 1])
         return list(messages)
 
@@ -218,7 +241,7 @@ class TranscriptStore:
         while len(self._chains) > 4 * self._cache_size:
             self._chains.popitem(last=False)
 
-    async def _read_node(self, scope: str, digest: str) -> dict:
+    async def _read_node(self, scope: str, digest: str) -> _Node:
         data = await self._get(self._key(scope, digest), f"{digest[:2]}/{digest}.json")
         if data is None:
             raise TranscriptNotFound(digest)
@@ -228,7 +251,7 @@ class TranscriptStore:
                 raise ValueError("not a transcript node")
         except ValueError:
             raise TranscriptNotFound(digest) from None
-        return node
+        return _Node(node, len(data))
 
     async def _get(self, key: str, legacy_key: str) -> bytes | None:
         try:
@@ -264,8 +287,21 @@ class TranscriptStore:
             raise TranscriptNotFound(digest)
         return part
 
-    def _remember(self, key: str, messages: list[Message]) -> None:
+    def _remember(self, key: str, messages: list[Message], size: int) -> None:
+        self._forget(key)
         self._cache[key] = messages
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._sizes[key] = size
+        self._cached_bytes += size
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes
+        ):
+            self._forget(next(iter(self._cache)))
+
+    def _forget(self, key: str) -> tuple[list[Message], int] | None:
+        """Drop ``key`` from the cache; its transcript and size if it was there."""
+        messages = self._cache.pop(key, None)
+        if messages is None:
+            return None
+        size = self._sizes.pop(key, 0)
+        self._cached_bytes -= size
+        return messages, size

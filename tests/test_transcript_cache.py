@@ -61,3 +61,48 @@ async def test_a_worker_keeps_nothing_for_runs_it_served_beyond_its_caches(
         tracemalloc.stop()
     assert grown < 100_000, f"{grown} bytes more after 1,000 more runs"
     assert await store.load_static("run-1349", f"{1349:032x}") is not None
+
+
+def _counting_reads(store: TranscriptStore) -> list[str]:
+    reads: list[str] = []
+    original = store.store.get
+
+    async def counted(key: str) -> bytes | None:
+        reads.append(key)
+        return await original(key)
+
+    store.store.get = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def test_the_cache_holds_at_most_its_bytes_of_transcripts_newest_first(
+    tmp_path: Path,
+) -> None:
+    # Long research runs have transcripts of hundreds of kilobytes: the cache is bounded in
+    # bytes too, and a run whose transcript fell out of it reads its chain from the store.
+    store = TranscriptStore(str(tmp_path), cache_size=100, cache_bytes=25_000)
+    heads: dict[str, str] = {}
+    for run in ("a", "b", "c"):  # about 10 kB each: the two newest fit
+        for turn in range(5):
+            text = f"{run}{turn} " + "finding " * 250
+            heads[run] = await store.save(run, heads.get(run), [Message.user(text)])
+    reads = _counting_reads(store)
+    for run in ("c", "b"):
+        assert len(await store.load(run, heads[run])) == 5
+    assert reads == []
+    loaded = await store.load("a", heads["a"])  # evicted: its chain comes from the store
+    assert [m.content.split()[0] for m in loaded] == [f"a{turn}" for turn in range(5)]
+    assert len(reads) == 5
+
+
+async def test_a_transcript_larger_than_the_cache_still_stays_while_it_is_the_newest(
+    tmp_path: Path,
+) -> None:
+    store = TranscriptStore(str(tmp_path), cache_bytes=1_000)
+    head = None
+    for turn in range(3):
+        head = await store.save("big", head, [Message.user("x" * 5_000 + str(turn))])
+    assert head is not None
+    reads = _counting_reads(store)
+    assert len(await store.load("big", head)) == 3
+    assert reads == []
