@@ -10,14 +10,7 @@ from relaykit.messages import Message
 from relaykit.transcripts import TranscriptStore
 
 
-async def test_each_save_replaces_its_parent_so_every_run_in_flight_stays_cached(
-    tmp_path: Path,
-) -> None:
-    store = TranscriptStore(str(tmp_path), cache_size=3)
-    heads: dict[str, str] = {}
-    for turn in range(5):  # three runs; "a" saves twice a turn (e.g. a compaction's summary)
-        for run in ("b", "c", "a", "a"):
-            heads[run] = await store.save(run, heads.get(run), [Message.user(f"{run}{turn}")])
+def _counting_reads(store: TranscriptStore) -> list[str]:
     reads: list[str] = []
     original = store.store.get
 
@@ -26,6 +19,18 @@ async def test_each_save_replaces_its_parent_so_every_run_in_flight_stays_cached
         return await original(key)
 
     store.store.get = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def test_each_save_replaces_its_parent_so_every_run_in_flight_stays_cached(
+    tmp_path: Path,
+) -> None:
+    store = TranscriptStore(str(tmp_path), cache_size=3)
+    heads: dict[str, str] = {}
+    for turn in range(5):  # three runs; "a" saves twice a turn (e.g. a compaction's summary)
+        for run in ("b", "c", "a", "a"):
+            heads[run] = await store.save(run, heads.get(run), [Message.user(f"{run}{turn}")])
+    reads = _counting_reads(store)
     for run, digest in heads.items():
         transcript = await store.load(run, digest)
         per_turn = 2 if run == "a" else 1
@@ -61,18 +66,6 @@ async def test_a_worker_keeps_nothing_for_runs_it_served_beyond_its_caches(
         tracemalloc.stop()
     assert grown < 100_000, f"{grown} bytes more after 1,000 more runs"
     assert await store.load_static("run-1349", f"{1349:032x}") is not None
-
-
-def _counting_reads(store: TranscriptStore) -> list[str]:
-    reads: list[str] = []
-    original = store.store.get
-
-    async def counted(key: str) -> bytes | None:
-        reads.append(key)
-        return await original(key)
-
-    store.store.get = counted  # type: ignore[method-assign]
-    return reads
 
 
 async def test_the_cache_holds_at_most_its_bytes_of_transcripts_newest_first(
