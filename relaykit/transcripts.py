@@ -54,9 +54,9 @@ its parent). Sized for hundreds of runs in flight at once: with fewer entries th
 model call read its run's chain from the store again (64 entries cost a 200-run fleet about
 3 ms of worker CPU per turn in thread hops)."""
 DEFAULT_CACHE_BYTES = 64 * 2**20
-"""And at most this many bytes of them (their stored JSON; a run's transcript in memory takes a
-few times that): a fleet of long research runs, each with a transcript of hundreds of
-kilobytes, would otherwise hold 512 of them. The newest transcript stays whatever its size."""
+"""And at most about this many bytes of them (the length of their stored JSON; a transcript in
+memory takes a few times that): a fleet of long research runs, each with a transcript of
+hundreds of kilobytes, would otherwise hold 512 of them. The newest stays whatever its size."""
 TRANSCRIPT_MISSING = "TranscriptMissing"
 """ApplicationError type a model activity raises when it cannot rebuild a prefix."""
 REQUEST_PART_MISSING = "RequestPartMissing"
@@ -126,7 +126,7 @@ class TranscriptStore:
         self._cache_size = cache_size
         self._cache_bytes = cache_bytes
         self._sizes: dict[str, int] = {}
-        """Each cached transcript's size in bytes of JSON (what ``cache_bytes`` bounds)."""
+        """Each cached transcript's length as stored JSON (what ``cache_bytes`` bounds)."""
         self._cached_bytes = 0
         self._chains: OrderedDict[str, list[str]] = OrderedDict()
         """Nearest ancestors of recent prefixes (what a new node lists, see :meth:`load`)."""
