@@ -285,6 +285,8 @@ class DevServer:
             try:
                 self._start_once(began)
                 break
+            except PortInUseError:  # found before the start: the log is an earlier attempt's
+                raise
             except DevServerError as exc:
                 taken = _port_taken_at_startup(self.recent_output(_STDERR_LINES_KEPT))
                 if taken is None:
