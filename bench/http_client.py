@@ -2,12 +2,15 @@
 
 Sends the body a relaykit run sends at its fifth turn (:func:`bench.floor.http_body`) to the
 benchmark's model server (its own process), ``--requests`` times at each concurrency, and reads
-this process's CPU time around each batch. Two clients, each with a pool of 200 connections:
+this process's CPU time around each batch. Three ways, each with a pool of 200 connections:
 
 - ``httpx``: httpx's own transport (relaykit's model client before it moved to aiohttp's pool,
   and still its client behind an HTTP proxy);
-- ``relaykit``: the model client a worker builds (:func:`relaykit.models.http_transport.
-  model_http_client`: httpx's API over aiohttp's pool).
+- ``adapter``: httpx's API over aiohttp's pool, the worker's client
+  (:func:`relaykit.models.http_transport.model_http_client`) as a streaming call uses it, and as
+  every call did before a plain one went straight through aiohttp;
+- ``relaykit``: a plain (non-streaming) call as the worker makes it
+  (:func:`relaykit.models.http_transport.post`: aiohttp's pool, no httpx on the way).
 
 Prints a markdown table and one JSON line.
 """
@@ -27,16 +30,23 @@ import httpx
 from bench.floor import http_body
 from bench.model_server import filler
 from bench.procs import Child, commit
-from relaykit.models.http_transport import model_http_client
+from relaykit.models.http_transport import model_http_client, post
 
 TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+
+
+def _worker_client() -> httpx.AsyncClient:
+    return model_http_client(
+        timeout=TIMEOUT, max_connections=200, verify=ssl.create_default_context()
+    )
+
+
 CLIENTS: dict[str, Callable[[], httpx.AsyncClient]] = {
     "httpx": lambda: httpx.AsyncClient(
         timeout=TIMEOUT, limits=httpx.Limits(max_connections=200, max_keepalive_connections=200)
     ),
-    "relaykit": lambda: model_http_client(
-        timeout=TIMEOUT, max_connections=200, verify=ssl.create_default_context()
-    ),
+    "adapter": _worker_client,
+    "relaykit": _worker_client,
 }
 
 
@@ -50,6 +60,11 @@ async def cpu_per_request(
 
     async def one() -> None:
         async with gate:
+            if client == "relaykit":
+                answer = await post(http, url, body, headers, 120.0)
+                assert answer.status_code == 200
+                json.loads(answer.content)
+                return
             response = await http.post(url, content=body, headers=headers)
             response.raise_for_status()
             json.loads(response.content)
@@ -79,10 +94,14 @@ def main() -> None:
                     for _ in range(args.reps)
                 )
                 results[client][level] = figures[len(figures) // 2]
-    print("| concurrent requests | httpx's transport, ms CPU/request | relaykit's model client |")
-    print("|---|---|---|")
+    print(
+        "| concurrent requests | httpx's transport, ms CPU/request | httpx's API over aiohttp "
+        "| relaykit's plain call |"
+    )
+    print("|---|---|---|---|")
     for level in levels:
-        print(f"| {level} | {results['httpx'][level]:.3f} | {results['relaykit'][level]:.3f} |")
+        cells = " | ".join(f"{results[client][level]:.3f}" for client in CLIENTS)
+        print(f"| {level} | {cells} |")
     print(
         json.dumps(
             {

@@ -3,6 +3,8 @@ Temporal retry decisions."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import socket
 import ssl
@@ -25,7 +27,7 @@ from relaykit.errors import (
 )
 from relaykit.messages import Message, ModelResponse, OutputSpec, ToolCall, ToolSpec
 from relaykit.models.aiohttp_transport import AiohttpTransport
-from relaykit.models.http_transport import PROXY_VARIABLES, model_http_client
+from relaykit.models.http_transport import PROXY_VARIABLES, ModelHttpClient, model_http_client
 from relaykit.models.providers import (
     MAX_RETRY_DELAY,
     call_model,
@@ -90,7 +92,7 @@ async def http(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClien
     """Every provider test runs on httpx's own connections and on the worker's (aiohttp's),
     which must fail the same way: the error kinds decide what is retried."""
     if request.param == "httpx":
-        client = httpx.AsyncClient()
+        client: httpx.AsyncClient = ModelHttpClient()  # a worker's client behind a proxy
     else:
         client = model_http_client(
             timeout=httpx.Timeout(120.0, connect=10.0),
@@ -504,6 +506,7 @@ async def test_the_body_is_json_that_keeps_every_character(
     [
         ("ftp://127.0.0.1:9/v1", "unsupported protocol 'ftp://'"),
         ("localhost:8000/v1", "missing an 'http://' or 'https://' protocol"),
+        ("http:///v1", "missing an 'http://' or 'https://' protocol"),
     ],
 )
 async def test_a_base_url_that_is_not_http_is_a_configuration_error(
@@ -583,6 +586,85 @@ async def test_oversized_answer(server: ScriptedModelServer, http: httpx.AsyncCl
     server.script("oa-huge", [text("x" * 1_700_000)])
     exc = await fails(req("oa-huge"), http)
     assert exc.type == PAYLOAD_TOO_LARGE and exc.non_retryable and "max_tokens" in exc.message
+
+
+class _Gzipped(BaseHTTPRequestHandler):
+    """Answers every POST with a gzip-compressed body and a cookie, and keeps each request's
+    headers: what a provider behind a CDN does."""
+
+    status = 200
+    body = b""
+    seen: list[dict[str, str]]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.seen.append({name.lower(): value for name, value in self.headers.items()})
+        compressed = gzip.compress(self.body)
+        self.send_response(self.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-encoding", "gzip")
+        self.send_header("set-cookie", "__cf_bm=abc; Path=/; HttpOnly")
+        self.send_header("content-length", str(len(compressed)))
+        self.end_headers()
+        self.wfile.write(compressed)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _gzip_server(status: int, body: dict[str, Any]) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    seen: list[dict[str, str]] = []
+    handler = type(
+        "Handler", (_Gzipped,), {"status": status, "body": json.dumps(body).encode(), "seen": seen}
+    )
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+_ANSWER = {
+    "id": "c1",
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "zipped"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+}
+
+
+async def test_a_compressed_answer_is_read_and_no_cookie_is_kept(http: httpx.AsyncClient) -> None:
+    """Both clients ask for gzip as httpx does, read the answer decoded, and send the cookie a
+    provider set on one call with none of the calls after it."""
+    with _gzip_server(200, _ANSWER) as (base_url, seen):
+        first = await call_model(req("m", base_url=base_url), http=http)
+        again = await call_model(req("m", base_url=base_url), http=http)
+    assert first.message.content == again.message.content == "zipped"
+    assert [headers.get("cookie") for headers in seen] == [None, None]
+    assert all("gzip" in headers["accept-encoding"] for headers in seen)
+    assert all(headers["content-type"] == "application/json" for headers in seen)
+
+
+async def test_a_compressed_error_is_read(http: httpx.AsyncClient) -> None:
+    body = {"error": {"message": "the model is overloaded", "type": "server_error"}}
+    with _gzip_server(503, body) as (base_url, _):
+        exc = await fails(req("m", base_url=base_url), http)
+    assert exc.type == MODEL_HTTP_ERROR and not exc.non_retryable
+    assert "the model is overloaded" in exc.message, exc.message
+
+
+async def test_a_base_url_no_parser_reads_is_a_configuration_error(
+    http: httpx.AsyncClient,
+) -> None:
+    exc = await fails(req("m", base_url="http://[::1/v1"), http)
+    assert exc.type == MODEL_CALL_FAILED and exc.non_retryable
+    assert "base URL is not a URL" in exc.message, exc.message
 
 
 class _RawSSE(BaseHTTPRequestHandler):

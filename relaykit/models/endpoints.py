@@ -102,9 +102,15 @@ def resolve_endpoint(spec: ModelSpec, env: Mapping[str, str] | None = None) -> E
     """The URL and headers for ``spec``, from the worker's environment (``os.environ`` unless
     ``env`` is given)."""
     env = os.environ if env is None else env
-    if spec.provider == "anthropic":
-        return _anthropic_endpoint(spec, env)
-    return _compatible_endpoint(spec, env)
+    try:
+        if spec.provider == "anthropic":
+            return _anthropic_endpoint(spec, env)
+        return _compatible_endpoint(spec, env)
+    except ValueError as exc:  # urlsplit's: retrying cannot make the URL readable
+        raise config_error(
+            f"cannot call {spec.provider}: its base URL is not a URL ({exc})",
+            "check the base URL configured for this model",
+        ) from None
 
 
 def _anthropic_endpoint(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:

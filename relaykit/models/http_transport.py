@@ -13,17 +13,29 @@ certificate to ``ConnectTimeout``, which relaykit would report as a model that "
 within 120s"; :mod:`relaykit.models.aiohttp_transport` keeps each failure's kind. It is imported
 when a worker builds its model client, so the CLI and the client side never load aiohttp.
 
-What stays with httpx: cookies, redirects (not followed), content decoding, the JSON body and
-the response's parsing. A worker whose environment names an HTTP proxy keeps httpx's own
-transport (see :func:`model_http_client`), which honours ``HTTPS_PROXY`` and ``NO_PROXY``.
+A non-streaming call, the common case, skips httpx too (:func:`post`): it is sent on the same
+aiohttp pool with httpx's default headers, and only a failure builds httpx's objects (its error
+types, the error response the failure is classified from). That halves the CPU of a model
+request again. Redirects are not followed on either path, and a worker's model client keeps no
+cookies: a model API authenticates by its key, and a cookie one call set must not change what
+the next call, for another run, sends.
+
+A worker whose environment names an HTTP proxy keeps httpx's own transport (see
+:func:`model_http_client`), which honours ``HTTPS_PROXY`` and ``NO_PROXY``.
 """
 
 from __future__ import annotations
 
+import http.cookiejar
 import os
 import ssl
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
+
+if TYPE_CHECKING:
+    from relaykit.models.aiohttp_transport import AiohttpTransport
 
 PROXY_VARIABLES = (
     "http_proxy",
@@ -36,12 +48,40 @@ PROXY_VARIABLES = (
 """Any of these set makes a worker's model client httpx's own transport (it honours them)."""
 
 
+class Answer(NamedTuple):
+    """A model endpoint's whole answer to a plain POST."""
+
+    status_code: int
+    content: bytes
+    """The body, decoded as the response's ``content-encoding`` says."""
+    response: Callable[[], httpx.Response]
+    """The answer as an httpx response, built on demand: only a failure needs one."""
+
+
+class ModelHttpClient(httpx.AsyncClient):
+    """An httpx client whose plain POSTs can skip httpx (:func:`post`)."""
+
+    def __init__(self, *, direct: AiohttpTransport | None = None, **kwargs: Any) -> None:
+        super().__init__(cookies=_NO_COOKIES, **kwargs)
+        self.direct = direct
+        self.direct_headers = dict(self.headers)
+        """What httpx would send besides a request's own headers (accept, accept-encoding,
+        user-agent): both paths look alike to the server."""
+
+
+def _refuse_every_cookie() -> http.cookiejar.CookieJar:
+    return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
+_NO_COOKIES = _refuse_every_cookie()
+
+
 def model_http_client(
     *, timeout: httpx.Timeout, max_connections: int, verify: ssl.SSLContext
-) -> httpx.AsyncClient:
+) -> ModelHttpClient:
     """The HTTP client a worker's model calls share."""
     if _environment_names_a_proxy():
-        return httpx.AsyncClient(
+        return ModelHttpClient(
             timeout=timeout,
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
@@ -50,10 +90,27 @@ def model_http_client(
         )
     from relaykit.models.aiohttp_transport import AiohttpTransport  # a worker's, not the CLI's
 
-    return httpx.AsyncClient(
-        timeout=timeout,
-        transport=AiohttpTransport(ssl_context=verify, max_connections=max_connections),
+    transport = AiohttpTransport(ssl_context=verify, max_connections=max_connections)
+    return ModelHttpClient(direct=transport, timeout=timeout, transport=transport)
+
+
+async def post(
+    http: httpx.AsyncClient,
+    url: str,
+    content: bytes,
+    headers: Mapping[str, str],
+    timeout: float,
+) -> Answer:
+    """POST ``content`` and read the whole answer: straight through aiohttp's pool when
+    ``http`` is a worker's model client on it, else through httpx. Failures raise httpx's
+    errors on both paths."""
+    if isinstance(http, ModelHttpClient) and http.direct is not None:
+        merged = http.direct_headers | {name.lower(): value for name, value in headers.items()}
+        return await http.direct.post(url, content, merged, timeout)
+    response = await http.post(
+        url, content=content, headers=headers, timeout=httpx.Timeout(timeout)
     )
+    return Answer(response.status_code, response.content, lambda: response)
 
 
 def _environment_names_a_proxy() -> bool:

@@ -65,6 +65,7 @@ from relaykit.models.failures import (
     retry_delay,
     unreadable,
 )
+from relaykit.models.http_transport import post
 from relaykit.models.redaction import REDACTED, redact, redact_secret, redacted_error, shorten
 from relaykit.models.spec import ModelRequest
 
@@ -194,17 +195,23 @@ async def _call_once(
     http: httpx.AsyncClient,
     heartbeat: Callable[[], None] | None,
 ) -> ModelResponse:
-    response = await _heartbeating(
-        http.post(
+    answer = await _heartbeating(
+        post(
+            http,
             endpoint.url,
-            content=_encoded(body),
-            headers={**endpoint.headers, **_JSON_CONTENT},
-            timeout=httpx.Timeout(request.model.timeout_seconds),
+            _encoded(body),
+            {**endpoint.headers, **_JSON_CONTENT},
+            request.model.timeout_seconds,
         ),
         heartbeat,
     )
-    _raise_for_status(request, endpoint, response)
-    return _parse(request, endpoint, _json_body(endpoint, response))
+    if not 200 <= answer.status_code < 300:
+        _raise_for_status(request, endpoint, answer.response())
+    try:
+        data = json.loads(answer.content)
+    except ValueError:
+        data = _json_body(endpoint, answer.response())  # raises, in the same words as streaming
+    return _parse(request, endpoint, data)
 
 
 async def _call_streaming(
