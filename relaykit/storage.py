@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import builtins
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -366,31 +367,40 @@ class Store:
             await obstore.put_async(self._backend(), key, data)
 
     def _put_local(self, key: str, data: bytes) -> None:
+        # Plain strings and os calls, not pathlib: this runs for every model call a worker
+        # makes, on its event loop.
         assert self.directory is not None
         if not self._root_checked:
             self._make_dir(self.directory)
-        path = self.directory / key
+        path = os.path.join(self.directory, key)
+        folder, name = os.path.split(path)
         # A unique temporary name per write: concurrent saves of one key never share one.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileNotFoundError:
             # Its folder is new (or was removed by gc): made now. Folders are not remembered,
             # so a worker holds nothing per run it ever wrote for (a run has up to 256 of them).
-            self._make_dir(path.parent)
+            try:
+                os.mkdir(folder, 0o700)  # most often only the last folder is missing
+            except FileNotFoundError:
+                self._make_dir(Path(folder))
+            except FileExistsError:
+                pass
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as file:
                 file.write(data)
             os.replace(tmp, path)  # atomic: readers never see half an object
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
 
     async def exists(self, key: str) -> bool:
         _check_key(key)
         if self.directory is not None:
-            return (self.directory / key).exists()
+            return os.path.exists(os.path.join(self.directory, key))
         import obstore
 
         try:
