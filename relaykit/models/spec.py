@@ -66,6 +66,10 @@ class Price(CompactModel):
         ) / 1_000_000
 
 
+MAX_TIMEOUT_SECONDS = 365 * 86_400.0
+"""The longest timeout a :class:`ModelSpec` takes (a year): any longer is a mistake, not a wait."""
+
+
 class ModelSpec(CompactModel):
     """A model and how to reach it.
 
@@ -79,10 +83,15 @@ class ModelSpec(CompactModel):
     base_url: str | None = None
     api_key_env: str | None = None
     """Name of the environment variable holding the key (never the key itself)."""
-    timeout_seconds: float = 120.0
-    heartbeat_timeout_seconds: float = 30.0
+    timeout_seconds: float = Field(120.0, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)
+    """How long one attempt waits for the model's answer. Checked here: the run schedules its
+    model calls with this timeout, and a value no timeout can hold (``nan``, ``inf``, a
+    negative one) would fail every workflow task of the run instead of one definition."""
+    heartbeat_timeout_seconds: float = Field(
+        30.0, ge=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False
+    )
     """A model call whose worker stops heartbeating this long is retried elsewhere (how fast a
-    crashed worker's call is noticed)."""
+    crashed worker's call is noticed); ``0``: no heartbeat timeout."""
     tool_calls: Literal["native", "constrained"] = "native"
     stream: bool = False
     """Read the provider's SSE stream (token deltas are published while the model writes)."""
