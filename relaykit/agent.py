@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from relaykit.context_policy import ContextPolicy
+from relaykit.durations import duration
 from relaykit.errors import ConfigurationError
 from relaykit.mcp import MCPServer
 from relaykit.messages import ToolSpec
@@ -288,14 +289,10 @@ class Handoff:
         if not isinstance(self.target, Agent):
             raise ConfigurationError(f"Handoff target must be an Agent, got {self.target!r}")
         check_effect(self.effect, self.on_unknown, f"on_handoff of handoff to {self.target.name!r}")
-        if not isinstance(self.heartbeat_timeout, timedelta):
-            self.heartbeat_timeout = timedelta(seconds=self.heartbeat_timeout)
-        if self.heartbeat_timeout <= timedelta(0):
-            raise ConfigurationError(
-                f"on_handoff of handoff to {self.target.name!r} has "
-                f"heartbeat_timeout={self.heartbeat_timeout}",
-                hint="a positive time: how long a lost callback goes unnoticed",
-            )
+        self.heartbeat_timeout = duration(
+            self.heartbeat_timeout,
+            f"heartbeat_timeout of on_handoff of handoff to {self.target.name!r}",
+        )
         if self.name is None:
             self.name = agent_tool_name("transfer_to_", self.target.name)
             self.legacy_name = tool_name_for("transfer_to_", self.target.name)

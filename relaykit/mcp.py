@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy
 
+from relaykit.durations import duration
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel
 from relaykit.names import MAX_TOOL_NAME, is_valid_tool_name, slug, tool_name_for
@@ -129,6 +130,14 @@ class MCPServer:
         check_effect("write", self.on_unknown, f"MCP server {self.name!r}")
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
+        what = f"of MCP server {self.name!r}"
+        self.timeout = duration(self.timeout, f"timeout {what}")
+        self.list_timeout = duration(self.list_timeout, f"list_timeout {what}")
+        self.heartbeat_timeout = duration(
+            self.heartbeat_timeout, f"heartbeat_timeout {what}", zero="off"
+        )
+        if self.approval_timeout is not None:
+            self.approval_timeout = duration(self.approval_timeout, f"approval_timeout {what}")
         if self.prefix is not None and self.prefix and not is_valid_tool_name(self.prefix):
             raise ConfigurationError(
                 f"invalid tool prefix {self.prefix!r} for MCP server {self.name!r}",
@@ -155,7 +164,7 @@ class MCPServer:
             env=dict(env or {}),
             env_from_env=list(env_from_env),
             cwd=os.fspath(cwd) if cwd is not None else None,
-            **_durations(options),
+            **options,  # numbers for durations are seconds, as in @tool
         )
 
     @classmethod
@@ -175,7 +184,7 @@ class MCPServer:
             url=url,
             headers=dict(headers or {}),
             headers_from_env=dict(headers_from_env or {}),
-            **_durations(options),
+            **options,  # numbers for durations are seconds, as in @tool
         )
 
     def __repr__(self) -> str:
@@ -256,15 +265,6 @@ def _from_env(source: str, what: str) -> str:
     if value is None:
         raise LookupError(f"environment variable {source} (for {what}) is not set")
     return value
-
-
-def _durations(options: dict[str, Any]) -> dict[str, Any]:
-    """Numbers given for durations are seconds, as in ``@tool``."""
-    for key in ("timeout", "list_timeout", "heartbeat_timeout", "approval_timeout"):
-        value = options.get(key)
-        if isinstance(value, (int, float)):
-            options[key] = timedelta(seconds=value)
-    return options
 
 
 def _digest(text: str) -> str:

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import to_json
 from temporalio.common import RetryPolicy
 
+from relaykit.durations import duration
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, ToolSpec
 from relaykit.names import is_valid_tool_name
@@ -220,6 +221,13 @@ class Tool:
             self.retry = DEFAULT_TOOL_RETRY
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
+        what = f"of tool {self.name!r}"
+        self.timeout = duration(self.timeout, f"timeout {what}")
+        self.heartbeat_timeout = duration(
+            self.heartbeat_timeout, f"heartbeat_timeout {what}", zero="off"
+        )
+        if self.approval_timeout is not None:
+            self.approval_timeout = duration(self.approval_timeout, f"approval_timeout {what}")
 
     @functools.cached_property
     def spec(self) -> ToolSpec:
@@ -418,10 +426,8 @@ def tool(
     label = name or getattr(function, "__name__", None)
     check_effect(effect, on_unknown, f"@tool {label!r}" if label else "@tool(...)")
 
-    def as_delta(value: timedelta | float | None) -> timedelta | None:
-        if value is None or isinstance(value, timedelta):
-            return value
-        return timedelta(seconds=value)
+    def as_delta(value: timedelta | float | None, what: str, **allowed: str) -> timedelta | None:
+        return None if value is None else duration(value, what, **allowed)
 
     def build(fn: Callable[..., Any]) -> Tool:
         if not callable(fn):
@@ -435,18 +441,20 @@ def tool(
             )
         doc_description, param_docs = _docstring_parts(fn.__doc__)
         args_model, context_param = _build_args_model(fn, tool_name, param_docs)
+        of = f"of @tool {tool_name!r}"
         return Tool(
             name=tool_name,
             description=description or doc_description,
             function=fn,
             args_model=args_model,
             context_param=context_param,
-            timeout=as_delta(timeout) or DEFAULT_TOOL_TIMEOUT,
-            heartbeat_timeout=as_delta(heartbeat_timeout),
+            timeout=as_delta(timeout or DEFAULT_TOOL_TIMEOUT, f"timeout {of}")
+            or DEFAULT_TOOL_TIMEOUT,
+            heartbeat_timeout=as_delta(heartbeat_timeout, f"heartbeat_timeout {of}", zero="off"),
             retry=retry,
             task_queue=task_queue,
             needs_approval=needs_approval,
-            approval_timeout=as_delta(approval_timeout),
+            approval_timeout=as_delta(approval_timeout, f"approval_timeout {of}"),
             max_output_chars=max_output_chars,
             effect=effect,
             on_unknown=on_unknown,
