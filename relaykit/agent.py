@@ -22,13 +22,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from relaykit.context_policy import ContextPolicy
-from relaykit.durations import duration
 from relaykit.errors import ConfigurationError
 from relaykit.mcp import MCPServer
 from relaykit.messages import ToolSpec
 from relaykit.models.spec import ModelSettings, ModelSpec, parse_model
 from relaykit.names import agent_tool_name, disambiguated, is_valid_tool_name, tool_name_for
 from relaykit.runs import Budget
+from relaykit.schedule_options import duration
 from relaykit.tool_args import AgentToolArgs, HandoffArgs, HandoffCallbackInput, InputFilter
 from relaykit.tools import (
     DEFAULT_MAX_OUTPUT_CHARS,

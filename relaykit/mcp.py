@@ -36,10 +36,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy
 
-from relaykit.durations import duration
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel
 from relaykit.names import MAX_TOOL_NAME, is_valid_tool_name, slug, tool_name_for
+from relaykit.schedule_options import duration, retry_policy
 from relaykit.tools import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
@@ -131,6 +131,7 @@ class MCPServer:
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
         what = f"of MCP server {self.name!r}"
+        self.retry = retry_policy(self.retry, f"retry {what}")
         self.timeout = duration(self.timeout, f"timeout {what}")
         self.list_timeout = duration(self.list_timeout, f"list_timeout {what}")
         self.heartbeat_timeout = duration(

@@ -44,10 +44,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import to_json
 from temporalio.common import RetryPolicy
 
-from relaykit.durations import duration
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, ToolSpec
 from relaykit.names import is_valid_tool_name
+from relaykit.schedule_options import duration, retry_policy
 
 DEFAULT_TOOL_TIMEOUT = timedelta(minutes=5)
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
@@ -222,6 +222,7 @@ class Tool:
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
         what = f"of tool {self.name!r}"
+        self.retry = retry_policy(self.retry, f"retry {what}")
         self.timeout = duration(self.timeout, f"timeout {what}")
         self.heartbeat_timeout = duration(
             self.heartbeat_timeout, f"heartbeat_timeout {what}", zero="off"

@@ -1,9 +1,10 @@
-"""The durations a definition hands to Temporal: every value either runs or is refused where it
-is defined (``relaykit/durations.py``).
+"""What a definition hands to Temporal (timeouts, retry policies): every value either runs or
+is refused where it is defined (``relaykit/schedule_options.py``).
 
-Before, a tool defined with a negative timeout was accepted, and each run that called it failed
-its workflow task with ``BadScheduleActivityAttributes: invalid StartToCloseTimeout: negative
-duration``, retried without end: a wedged run. A model's ``nan`` timeout did the same in
+Before, a tool defined with a negative timeout, or with a retry policy whose backoff coefficient
+was under 1, was accepted, and each run that called it failed its workflow task
+(``BadScheduleActivityAttributes: invalid StartToCloseTimeout``; the SDK's ``ValueError`` for
+the policy), retried without end: a wedged run. A model's ``nan`` timeout did the same in
 workflow code.
 """
 
@@ -20,10 +21,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from temporalio.client import Client
+from temporalio.common import RetryPolicy
 
 from relaykit import Agent, ConfigurationError, Handoff, MCPServer, start_run, tool
-from relaykit.durations import MAX_DURATION, duration
 from relaykit.models.spec import MAX_TIMEOUT_SECONDS, ModelSpec
+from relaykit.schedule_options import MAX_DURATION, duration, retry_policy
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.tools import Tool
 from tests.support import scripted_model, serving
@@ -117,6 +119,46 @@ def test_mcp_server_and_handoff_timeouts_are_checked_the_same_way() -> None:
     assert (server.timeout, server.heartbeat_timeout) == (timedelta(seconds=5), timedelta(0))
     with pytest.raises(ConfigurationError, match="heartbeat_timeout of on_handoff"):
         Handoff(Agent(name="billing"), heartbeat_timeout=float("inf"))
+
+
+@pytest.mark.parametrize(
+    ("policy", "said"),
+    [
+        (RetryPolicy(backoff_coefficient=0.5), "Backoff coefficient cannot be less than 1"),
+        (RetryPolicy(backoff_coefficient=float("nan")), "backoff_coefficient nan"),
+        (RetryPolicy(maximum_attempts=-1), "maximum_attempts -1"),
+        (RetryPolicy(maximum_attempts=2**40), "maximum_attempts 1099511627776"),
+        (RetryPolicy(initial_interval=timedelta(seconds=-1)), "initial_interval of retry"),
+        (
+            RetryPolicy(
+                initial_interval=timedelta(seconds=9), maximum_interval=timedelta(seconds=1)
+            ),
+            "Maximum interval cannot be less than initial interval",
+        ),
+        (  # the SDK sends it, as one attempt; the mistake is still a mistake
+            RetryPolicy(maximum_attempts=1, backoff_coefficient=0.5),
+            "Backoff coefficient cannot be less than 1",
+        ),
+        ("3 attempts", "give a temporalio.common.RetryPolicy"),
+    ],
+)
+def test_a_retry_policy_the_sdk_cannot_send_is_refused_where_the_tool_is_defined(
+    policy: Any, said: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        _define(retry=policy)
+    with pytest.raises(ConfigurationError, match="retry of MCP server 'files'"):
+        MCPServer.stdio("files", ["x"], retry=policy)
+
+
+def test_the_retry_policies_a_tool_may_have() -> None:
+    for policy in (
+        RetryPolicy(maximum_attempts=1),
+        RetryPolicy(maximum_interval=timedelta(0)),  # 0: Temporal's default
+        RetryPolicy(initial_interval=timedelta(0)),
+    ):
+        assert retry_policy(policy, "retry of x") is policy
+        assert _define(retry=policy).retry is policy
 
 
 @pytest.mark.parametrize("field", ["timeout_seconds", "heartbeat_timeout_seconds"])
