@@ -79,6 +79,7 @@ from temporalio.converter import (
 )
 
 from relaykit.errors import ConfigurationError, RelaykitError
+from relaykit.store_blobs import BLOB_MIN_BYTES, Blob, split_large_strings
 
 DEFAULT_STORE_DIR = Path(".relaykit") / "store"
 LEGACY_TRANSCRIPT_DIR = Path(".relaykit") / "transcripts"
@@ -94,8 +95,6 @@ _ENCODED_MAGIC = b"RKC1"
 _MANIFEST_MAGIC = b"RKB1"
 """Prefix of an object whose large strings are blobs: a 4-byte header length, the JSON header
 (``[[inline length] | [blob length, sha256], ...]``), then the inline bytes in order."""
-BLOB_MIN_BYTES = 64 * 1024
-"""A JSON string at least this long (escaped) inside a stored object is kept once, as a blob."""
 INLINE_WRITE_BYTES = 16 * 1024
 """A local object at most this long is written on the calling thread (a thread hop cost more)."""
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_%-][A-Za-z0-9_.%-]*\Z")
@@ -300,21 +299,23 @@ class Store:
                 hint="set RELAYKIT_STORE to file:///dir, s3://bucket/prefix, gs://… or az://…",
             ) from None
 
-    def _make_dir(self, path: Path) -> None:
-        """Create ``path`` and missing parents inside the store as 0700."""
-        missing: list[Path] = []
-        cursor = path
-        while not cursor.exists():
-            missing.append(cursor)
-            cursor = cursor.parent
-        for directory in reversed(missing):
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                pass
-        if self.directory is not None and path == self.directory and not self._root_checked:
+    def _make_dir(self, path: str | os.PathLike[str]) -> None:
+        """Create ``path`` and missing parents inside the store as 0700 (most often only the
+        last folder is missing: one ``mkdir``)."""
+        try:
+            os.mkdir(path, 0o700)
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if not parent or parent == os.fspath(path):  # nothing above it to make
+                raise
+            self._make_dir(parent)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        if self.directory is not None and not self._root_checked and path == self.directory:
             try:  # a store directory made by an older relaykit was 0755
-                if path.stat().st_mode & 0o077:
+                if os.stat(path).st_mode & 0o077:
                     os.chmod(path, 0o700)
             except OSError:
                 pass
@@ -381,12 +382,7 @@ class Store:
         except FileNotFoundError:
             # Its folder is new (or was removed by gc): made now. Folders are not remembered,
             # so a worker holds nothing per run it ever wrote for (a run has up to 256 of them).
-            try:
-                os.mkdir(folder, 0o700)  # most often only the last folder is missing
-            except FileNotFoundError:
-                self._make_dir(Path(folder))
-            except FileExistsError:
-                pass
+            self._make_dir(folder)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as file:
@@ -551,60 +547,3 @@ def _run_folder(key: str) -> str | None:
     if len(parts) < 3 or parts[0] != RUNS_PREFIX or parts[2] == "blobs":
         return None
     return run_prefix(parts[1])
-
-
-@dataclasses.dataclass(frozen=True)
-class Blob:
-    """A large string cut out of an object: its bytes (quotes included) and their SHA-256."""
-
-    data: bytes
-    digest: str
-
-
-def large_strings(document: bytes) -> list[bytes]:
-    """The strings of the JSON ``document`` at least :data:`BLOB_MIN_BYTES` long once encoded,
-    as they appear in it (quotes included), in document order; none if it is not JSON."""
-    try:
-        value = json.loads(document)
-    except (ValueError, RecursionError):  # not JSON text (or nested too deep): nothing to share
-        return []
-    found: list[str] = []
-    stack = [value]
-    while stack:  # depth-first, children pushed in reverse: strings come out in document order
-        item = stack.pop()
-        if isinstance(item, str):
-            if len(item) * 4 >= BLOB_MIN_BYTES:  # may reach the size once encoded
-                found.append(item)
-        elif isinstance(item, dict):
-            for key, child in reversed(item.items()):
-                stack.extend((child, key))
-        elif isinstance(item, list):
-            stack.extend(reversed(item))
-    encoded = (json.dumps(text, ensure_ascii=False).encode() for text in found)
-    return [piece for piece in encoded if len(piece) >= BLOB_MIN_BYTES]
-
-
-def split_large_strings(data: bytes, document: bytes | None = None) -> list[bytes | Blob]:
-    """``data`` as inline pieces and :class:`Blob` s, which joined give ``data`` back exactly.
-
-    The blobs are the large strings of the JSON ``document`` (default ``data``; an offloaded
-    payload passes its JSON data, which its serialised form holds as it is), found in ``data``
-    byte for byte. Equal strings in different objects (a tool result inside a model request, a
-    transcript node and a run result) give equal blobs: the JSON encoders relaykit uses
-    (pydantic's and the standard library's with ``ensure_ascii=False``) escape a string the same
-    way. A string escaped another way is not found, and stays inline: a missed share costs
-    bytes, never correctness. JSON is parsed by the standard library's C parser and the strings
-    are found with ``bytes.find``, so a few MB take milliseconds."""
-    parts: list[bytes | Blob] = []
-    cursor = 0
-    for piece in large_strings(data if document is None else document):
-        start = data.find(piece, cursor)
-        if start < 0:
-            continue
-        if start > cursor:
-            parts.append(data[cursor:start])
-        parts.append(Blob(piece, hashlib.sha256(piece).hexdigest()))
-        cursor = start + len(piece)
-    if cursor < len(data):
-        parts.append(data[cursor:])
-    return parts
