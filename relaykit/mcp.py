@@ -39,7 +39,7 @@ from temporalio.common import RetryPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel
 from relaykit.names import MAX_TOOL_NAME, is_valid_tool_name, slug, tool_name_for
-from relaykit.schedule_options import duration, retry_policy
+from relaykit.schedule_options import call_options, duration
 from relaykit.tools import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
@@ -130,15 +130,15 @@ class MCPServer:
         check_effect("write", self.on_unknown, f"MCP server {self.name!r}")
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
-        what = f"of MCP server {self.name!r}"
-        self.retry = retry_policy(self.retry, f"retry {what}")
-        self.timeout = duration(self.timeout, f"timeout {what}")
-        self.list_timeout = duration(self.list_timeout, f"list_timeout {what}")
-        self.heartbeat_timeout = duration(
-            self.heartbeat_timeout, f"heartbeat_timeout {what}", zero="off"
+        owner = f"MCP server {self.name!r}"
+        self.timeout, self.heartbeat_timeout, self.approval_timeout, self.retry = call_options(
+            owner,
+            timeout=self.timeout,
+            heartbeat_timeout=self.heartbeat_timeout,
+            approval_timeout=self.approval_timeout,
+            retry=self.retry,
         )
-        if self.approval_timeout is not None:
-            self.approval_timeout = duration(self.approval_timeout, f"approval_timeout {what}")
+        self.list_timeout = duration(self.list_timeout, f"list_timeout of {owner}")
         if self.prefix is not None and self.prefix and not is_valid_tool_name(self.prefix):
             raise ConfigurationError(
                 f"invalid tool prefix {self.prefix!r} for MCP server {self.name!r}",

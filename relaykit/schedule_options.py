@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import timedelta
+from typing import NamedTuple
 
 from temporalio.common import RetryPolicy
 
@@ -80,3 +81,32 @@ def retry_policy(policy: RetryPolicy, what: str) -> RetryPolicy:
     except ValueError as exc:
         raise ConfigurationError(f"{what}: {exc}", hint="fix the RetryPolicy") from None
     return policy
+
+
+class CallOptions(NamedTuple):
+    """How a run schedules one kind of call, checked."""
+
+    timeout: timedelta
+    heartbeat_timeout: timedelta
+    approval_timeout: timedelta | None
+    retry: RetryPolicy
+
+
+def call_options(
+    owner: str,
+    *,
+    timeout: timedelta,
+    heartbeat_timeout: timedelta,
+    approval_timeout: timedelta | None,
+    retry: RetryPolicy,
+) -> CallOptions:
+    """A tool's or MCP server's call options, each checked (``owner`` names it in errors:
+    ``"tool 'notify'"``); ``heartbeat_timeout=0`` turns the heartbeat timeout off."""
+    return CallOptions(
+        duration(timeout, f"timeout of {owner}"),
+        duration(heartbeat_timeout, f"heartbeat_timeout of {owner}", zero="off"),
+        None
+        if approval_timeout is None
+        else duration(approval_timeout, f"approval_timeout of {owner}"),
+        retry_policy(retry, f"retry of {owner}"),
+    )

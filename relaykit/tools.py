@@ -47,7 +47,7 @@ from temporalio.common import RetryPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, ToolSpec
 from relaykit.names import is_valid_tool_name
-from relaykit.schedule_options import duration, retry_policy
+from relaykit.schedule_options import call_options, duration
 
 DEFAULT_TOOL_TIMEOUT = timedelta(minutes=5)
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
@@ -221,14 +221,13 @@ class Tool:
             self.retry = DEFAULT_TOOL_RETRY
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
-        what = f"of tool {self.name!r}"
-        self.retry = retry_policy(self.retry, f"retry {what}")
-        self.timeout = duration(self.timeout, f"timeout {what}")
-        self.heartbeat_timeout = duration(
-            self.heartbeat_timeout, f"heartbeat_timeout {what}", zero="off"
+        self.timeout, self.heartbeat_timeout, self.approval_timeout, self.retry = call_options(
+            f"tool {self.name!r}",
+            timeout=self.timeout,
+            heartbeat_timeout=self.heartbeat_timeout,
+            approval_timeout=self.approval_timeout,
+            retry=self.retry,
         )
-        if self.approval_timeout is not None:
-            self.approval_timeout = duration(self.approval_timeout, f"approval_timeout {what}")
 
     @functools.cached_property
     def spec(self) -> ToolSpec:
