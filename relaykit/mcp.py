@@ -39,7 +39,7 @@ from temporalio.common import RetryPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel
 from relaykit.names import MAX_TOOL_NAME, is_valid_tool_name, slug, tool_name_for
-from relaykit.schedule_options import call_options, duration
+from relaykit.schedule_options import check_call_options, duration, retry_policy
 from relaykit.tools import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TOOL_HEARTBEAT_TIMEOUT,
@@ -131,13 +131,8 @@ class MCPServer:
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
         owner = f"MCP server {self.name!r}"
-        self.timeout, self.heartbeat_timeout, self.approval_timeout, self.retry = call_options(
-            owner,
-            timeout=self.timeout,
-            heartbeat_timeout=self.heartbeat_timeout,
-            approval_timeout=self.approval_timeout,
-            retry=self.retry,
-        )
+        check_call_options(self, owner)
+        self.retry = retry_policy(self.retry, f"retry of {owner}")
         self.list_timeout = duration(self.list_timeout, f"list_timeout of {owner}")
         if self.prefix is not None and self.prefix and not is_valid_tool_name(self.prefix):
             raise ConfigurationError(

@@ -1,9 +1,10 @@
 """What a definition hands to Temporal when a run schedules its calls (timeouts, retry
-policies), checked where the tool, MCP server or handoff is defined.
+policies, task queues), checked where the tool, MCP server, model or handoff is defined.
 
 Temporal refuses a negative timeout, a zero start-to-close timeout leaves an activity with
-none, and the SDK refuses a retry policy it cannot send (a backoff coefficient under 1, a
-maximum interval under the initial one): each fails the workflow task that schedules the call,
+none, the SDK refuses a retry policy it cannot send (a backoff coefficient under 1, a maximum
+interval under the initial one), and the server a task queue name over its length limit or
+under its reserved prefix: each fails the workflow task that schedules the call,
 and every retry of that task, so the run stops without ever failing (a wedged run). A number no
 ``timedelta`` holds (``nan``, ``inf``) does the same in workflow code. Refusing them when they
 are defined turns all of that into one :class:`~relaykit.errors.ConfigurationError` when the
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Protocol
 
 from temporalio.common import RetryPolicy
 
@@ -52,6 +53,29 @@ def _out_of_range(what: str, value: timedelta | float, zero: str | None) -> Conf
 
 
 _MAX_INT32 = 2**31 - 1
+MAX_TASK_QUEUE_CHARS = 1000
+"""The Temporal server's default limit on a task queue name (``limit.maxIDLength``)."""
+_RESERVED_QUEUE_PREFIX = "/_sys/"
+
+
+def task_queue_name(name: str | None, what: str) -> str | None:
+    """``name`` if the server takes it as a task queue (``None`` and ``""`` are the default
+    queue, as before)."""
+    if name is None or name == "":
+        return name
+    if not isinstance(name, str):
+        raise ConfigurationError(f"{what} is {name!r}", hint="a task queue name (a string)")
+    if len(name) > MAX_TASK_QUEUE_CHARS:
+        raise ConfigurationError(
+            f"{what} is {len(name)} characters long",
+            hint=f"at most {MAX_TASK_QUEUE_CHARS}, the Temporal server's limit",
+        )
+    if name.startswith(_RESERVED_QUEUE_PREFIX):
+        raise ConfigurationError(
+            f"{what} is {name!r}",
+            hint=f"Temporal reserves names starting with {_RESERVED_QUEUE_PREFIX}",
+        )
+    return name
 
 
 def retry_policy(policy: RetryPolicy, what: str) -> RetryPolicy:
@@ -83,30 +107,26 @@ def retry_policy(policy: RetryPolicy, what: str) -> RetryPolicy:
     return policy
 
 
-class CallOptions(NamedTuple):
-    """How a run schedules one kind of call, checked."""
+class CallOptions(Protocol):
+    """How a run schedules one kind of call: a tool's or an MCP server's options."""
 
     timeout: timedelta
-    heartbeat_timeout: timedelta
+    heartbeat_timeout: timedelta | None
     approval_timeout: timedelta | None
-    retry: RetryPolicy
+    task_queue: str | None
 
 
-def call_options(
-    owner: str,
-    *,
-    timeout: timedelta,
-    heartbeat_timeout: timedelta,
-    approval_timeout: timedelta | None,
-    retry: RetryPolicy,
-) -> CallOptions:
-    """A tool's or MCP server's call options, each checked (``owner`` names it in errors:
-    ``"tool 'notify'"``); ``heartbeat_timeout=0`` turns the heartbeat timeout off."""
-    return CallOptions(
-        duration(timeout, f"timeout of {owner}"),
-        duration(heartbeat_timeout, f"heartbeat_timeout of {owner}", zero="off"),
-        None
-        if approval_timeout is None
-        else duration(approval_timeout, f"approval_timeout of {owner}"),
-        retry_policy(retry, f"retry of {owner}"),
-    )
+def check_call_options(definition: CallOptions, owner: str) -> None:
+    """Check ``definition``'s call options, numbers made ``timedelta`` s (``owner`` names it in
+    errors: ``"tool 'notify'"``); ``heartbeat_timeout=0`` turns the heartbeat timeout off. Its
+    retry policy is checked by :func:`retry_policy` (a tool's may be ``None``, the default)."""
+    definition.timeout = duration(definition.timeout, f"timeout of {owner}")
+    if definition.heartbeat_timeout is not None:
+        definition.heartbeat_timeout = duration(
+            definition.heartbeat_timeout, f"heartbeat_timeout of {owner}", zero="off"
+        )
+    if definition.approval_timeout is not None:
+        definition.approval_timeout = duration(
+            definition.approval_timeout, f"approval_timeout of {owner}"
+        )
+    definition.task_queue = task_queue_name(definition.task_queue, f"task_queue of {owner}")

@@ -47,7 +47,7 @@ from temporalio.common import RetryPolicy
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, ToolSpec
 from relaykit.names import is_valid_tool_name
-from relaykit.schedule_options import call_options, duration
+from relaykit.schedule_options import check_call_options, duration, retry_policy
 
 DEFAULT_TOOL_TIMEOUT = timedelta(minutes=5)
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
@@ -221,13 +221,8 @@ class Tool:
             self.retry = DEFAULT_TOOL_RETRY
         if self.heartbeat_timeout is None:
             self.heartbeat_timeout = DEFAULT_TOOL_HEARTBEAT_TIMEOUT
-        self.timeout, self.heartbeat_timeout, self.approval_timeout, self.retry = call_options(
-            f"tool {self.name!r}",
-            timeout=self.timeout,
-            heartbeat_timeout=self.heartbeat_timeout,
-            approval_timeout=self.approval_timeout,
-            retry=self.retry,
-        )
+        check_call_options(self, f"tool {self.name!r}")
+        self.retry = retry_policy(self.retry, f"retry of tool {self.name!r}")
 
     @functools.cached_property
     def spec(self) -> ToolSpec:

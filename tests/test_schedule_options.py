@@ -191,3 +191,32 @@ async def test_a_run_schedules_its_calls_with_the_longest_timeouts_a_definition_
         handle = await start_run(client, agent, "notify", task_queue=worker.task_queue)
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.output == "told them"
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("q" * 1001, "is 1001 characters long (hint: at most 1000"),
+        ("/_sys/gpu", "Temporal reserves names starting with /_sys/"),
+        (7, "a task queue name (a string)"),
+    ],
+)
+def test_a_task_queue_the_server_refuses_is_refused_where_it_is_named(name: Any, said: str) -> None:
+    """The server refused these in the workflow task that scheduled the call
+    (``BadScheduleActivityAttributes: taskQueue length exceeds limit``, ``… reserved prefix
+    /_sys/``), retried without end."""
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        _define(task_queue=name)
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        MCPServer.stdio("files", ["x"], task_queue=name)
+    # For a number, pydantic's own type check comes first.
+    with pytest.raises(
+        pydantic.ValidationError, match=re.escape(said) if isinstance(name, str) else "task_queue"
+    ):
+        ModelSpec(name="m", task_queue=name)
+
+
+def test_the_task_queues_a_definition_may_name() -> None:
+    for name in (None, "", "gpu-workers", "q" * 1000):
+        assert _define(task_queue=name).task_queue == name
+        assert ModelSpec(name="m", task_queue=name).task_queue == name

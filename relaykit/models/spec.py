@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, Message, OutputSpec, ToolSpec
+from relaykit.schedule_options import task_queue_name
 
 Provider = Literal["openai", "anthropic", "local"]
 
@@ -109,6 +110,11 @@ class ModelSpec(CompactModel):
     the Temporal server; unless the worker or ``RELAYKIT_MODEL_LIMITS`` says otherwise)."""
     price: Price | None = None
     """The model's price, overriding the bundled price table (:mod:`relaykit.pricing`)."""
+
+    @field_validator("task_queue")
+    @classmethod
+    def _a_queue_the_server_takes(cls, name: str | None) -> str | None:
+        return task_queue_name(name, "task_queue of the model")
 
     @property
     def label(self) -> str:
