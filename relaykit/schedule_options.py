@@ -85,9 +85,9 @@ def retry_policy(policy: RetryPolicy, what: str) -> RetryPolicy:
         raise ConfigurationError(
             f"{what} is {policy!r}", hint="give a temporalio.common.RetryPolicy"
         )
-    duration(policy.initial_interval, f"initial_interval of {what}", zero="Temporal's default")
+    default = "Temporal's default"
+    duration(policy.initial_interval, f"initial_interval of {what}", zero=default)
     if policy.maximum_interval is not None:
-        default = "Temporal's default"
         duration(policy.maximum_interval, f"maximum_interval of {what}", zero=default)
     if not math.isfinite(policy.backoff_coefficient):
         raise ConfigurationError(

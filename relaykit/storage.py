@@ -313,7 +313,11 @@ class Store:
                 os.mkdir(path, 0o700)
         except FileExistsError:
             pass
-        if self.directory is not None and not self._root_checked and path == self.directory:
+        if (
+            not self._root_checked
+            and self.directory is not None
+            and os.fspath(path) == os.fspath(self.directory)
+        ):
             try:  # a store directory made by an older relaykit was 0755
                 if os.stat(path).st_mode & 0o077:
                     os.chmod(path, 0o700)

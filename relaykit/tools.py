@@ -443,8 +443,7 @@ def tool(
             function=fn,
             args_model=args_model,
             context_param=context_param,
-            timeout=as_delta(timeout or DEFAULT_TOOL_TIMEOUT, f"timeout {of}")
-            or DEFAULT_TOOL_TIMEOUT,
+            timeout=duration(timeout or DEFAULT_TOOL_TIMEOUT, f"timeout {of}"),  # 0: the default
             heartbeat_timeout=as_delta(heartbeat_timeout, f"heartbeat_timeout {of}", zero="off"),
             retry=retry,
             task_queue=task_queue,

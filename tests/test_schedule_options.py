@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.common import RetryPolicy
 
 from relaykit import Agent, ConfigurationError, Handoff, MCPServer, start_run, tool
-from relaykit.models.spec import MAX_TIMEOUT_SECONDS, ModelSpec
+from relaykit.models.spec import ModelSpec
 from relaykit.schedule_options import MAX_DURATION, duration, retry_policy
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.tools import Tool
@@ -162,7 +162,9 @@ def test_the_retry_policies_a_tool_may_have() -> None:
 
 
 @pytest.mark.parametrize("field", ["timeout_seconds", "heartbeat_timeout_seconds"])
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, MAX_TIMEOUT_SECONDS + 1])
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), -1.0, MAX_DURATION.total_seconds() + 1]
+)
 def test_a_model_timeout_no_activity_can_hold_is_refused_where_the_model_is_defined(
     field: str, value: float
 ) -> None:
@@ -182,7 +184,7 @@ async def test_a_run_schedules_its_calls_with_the_longest_timeouts_a_definition_
 ) -> None:
     """The bounds are what Temporal accepts: the largest accepted values schedule and run."""
     model = scripted_model(
-        model_server, timeout_seconds=MAX_TIMEOUT_SECONDS, heartbeat_timeout_seconds=0
+        model_server, timeout_seconds=MAX_DURATION.total_seconds(), heartbeat_timeout_seconds=0
     )
     model_server.script(model.name, [call("notify", order_id="A1"), text("told them")])
     notify = _define(timeout=MAX_DURATION, heartbeat_timeout=MAX_DURATION)

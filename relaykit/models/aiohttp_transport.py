@@ -152,16 +152,19 @@ def _sendable(url: str) -> str:
     parsed once): the same words on both paths for a base URL that cannot work."""
     parsed = httpx.URL(url)  # httpx.InvalidURL
     if not parsed.is_absolute_url:  # httpx sends it as a path without a scheme
-        raise httpx.UnsupportedProtocol(
-            "Request URL is missing an 'http://' or 'https://' protocol.",
-            request=httpx.Request("POST", url),
-        )
+        raise httpx.UnsupportedProtocol(_protocol_words(""), request=httpx.Request("POST", url))
     if parsed.scheme not in ("http", "https"):
         raise httpx.UnsupportedProtocol(
-            f"Request URL has an unsupported protocol '{parsed.scheme}://'.",
-            request=httpx.Request("POST", url),
+            _protocol_words(parsed.scheme), request=httpx.Request("POST", url)
         )
     return str(parsed)
+
+
+def _protocol_words(scheme: str) -> str:
+    """httpx's words for a URL it cannot send (aiohttp's name only the URL)."""
+    if scheme:
+        return f"Request URL has an unsupported protocol '{scheme}://'."
+    return "Request URL is missing an 'http://' or 'https://' protocol."
 
 
 def _as_httpx_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
@@ -176,12 +179,7 @@ def _as_httpx_error(exc: BaseException, request: httpx.Request) -> httpx.Transpo
         kind = httpx.PoolTimeout  # waited for a free connection (aiohttp's "connect" timeout)
     elif isinstance(exc, (aiohttp.NonHttpUrlClientError, aiohttp.InvalidUrlClientError)):
         kind = httpx.UnsupportedProtocol
-        scheme = request.url.scheme
-        message = (  # httpx's words: aiohttp's name only the URL
-            f"Request URL has an unsupported protocol '{scheme}://'."
-            if scheme
-            else "Request URL is missing an 'http://' or 'https://' protocol."
-        )
+        message = _protocol_words(request.url.scheme)
     elif isinstance(exc, aiohttp.ClientConnectorError):  # refused, DNS, TLS certificate
         kind = httpx.ConnectError
     elif isinstance(exc, aiohttp.ServerDisconnectedError):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from relaykit.errors import ConfigurationError
 from relaykit.messages import CompactModel, Message, OutputSpec, ToolSpec
-from relaykit.schedule_options import task_queue_name
+from relaykit.schedule_options import duration, task_queue_name
 
 Provider = Literal["openai", "anthropic", "local"]
 
@@ -67,10 +67,6 @@ class Price(CompactModel):
         ) / 1_000_000
 
 
-MAX_TIMEOUT_SECONDS = 365 * 86_400.0
-"""The longest timeout a :class:`ModelSpec` takes (a year): any longer is a mistake, not a wait."""
-
-
 class ModelSpec(CompactModel):
     """A model and how to reach it.
 
@@ -84,13 +80,12 @@ class ModelSpec(CompactModel):
     base_url: str | None = None
     api_key_env: str | None = None
     """Name of the environment variable holding the key (never the key itself)."""
-    timeout_seconds: float = Field(120.0, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)
-    """How long one attempt waits for the model's answer. Checked here: the run schedules its
-    model calls with this timeout, and a value no timeout can hold (``nan``, ``inf``, a
-    negative one) would fail every workflow task of the run instead of one definition."""
-    heartbeat_timeout_seconds: float = Field(
-        30.0, ge=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False
-    )
+    timeout_seconds: float = 120.0
+    """How long one attempt waits for the model's answer. Checked here, as a tool's timeouts
+    are (:mod:`relaykit.schedule_options`): the run schedules its model calls with it, and a
+    value no timeout can hold would fail every workflow task of the run instead of one
+    definition."""
+    heartbeat_timeout_seconds: float = 30.0
     """A model call whose worker stops heartbeating this long is retried elsewhere (how fast a
     crashed worker's call is noticed); ``0``: no heartbeat timeout."""
     tool_calls: Literal["native", "constrained"] = "native"
@@ -110,6 +105,13 @@ class ModelSpec(CompactModel):
     the Temporal server; unless the worker or ``RELAYKIT_MODEL_LIMITS`` says otherwise)."""
     price: Price | None = None
     """The model's price, overriding the bundled price table (:mod:`relaykit.pricing`)."""
+
+    @field_validator("timeout_seconds", "heartbeat_timeout_seconds")
+    @classmethod
+    def _a_timeout_an_activity_takes(cls, seconds: float, info: ValidationInfo) -> float:
+        zero = "no heartbeat timeout" if info.field_name == "heartbeat_timeout_seconds" else None
+        duration(seconds, f"{info.field_name} of the model", zero=zero)
+        return seconds
 
     @field_validator("task_queue")
     @classmethod
