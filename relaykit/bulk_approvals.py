@@ -45,7 +45,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from relaykit.authors import author
 from relaykit.client import get_run, signal_answer, waiting_call
 from relaykit.runs import AGENT_RUN_WORKFLOW, ApprovalDecision
-from relaykit.search_attributes import RELAY_WAITING_CALLS, eval_registered
+from relaykit.search_attributes import RELAY_WAITING_CALLS, eval_registered, listed_calls
 
 ANSWERED = "answered"
 NOT_WAITING = "not_waiting"
@@ -167,10 +167,8 @@ async def answer_waiting(
             async for execution in client.list_workflows(where, page_size=LIST_PAGE_SIZE):
                 if execution.id in started:  # listed twice across pages as the set changed
                     continue
-                calls = execution.typed_search_attributes.get(RELAY_WAITING_CALLS)
-                started[execution.id] = asyncio.create_task(
-                    one(execution.id, list(calls) if calls else None)
-                )
+                calls = listed_calls(execution.typed_search_attributes.get(RELAY_WAITING_CALLS))
+                started[execution.id] = asyncio.create_task(one(execution.id, calls))
         except RPCError as exc:
             if not started:
                 raise

@@ -21,10 +21,17 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from relaykit.agent import Agent, Budget
 from relaykit.authors import author, cancel_reason
 from relaykit.codec import codec_from_env, compose_data_converter
-from relaykit.errors import RUN_CANCELLED, ApprovalNotWaiting, RelaykitError, RunFailed
+from relaykit.errors import (
+    RUN_CANCELLED,
+    ApprovalNotWaiting,
+    ConfigurationError,
+    RelaykitError,
+    RunFailed,
+)
 from relaykit.messages import Message
 from relaykit.names import slug
 from relaykit.payload_storage import with_external_storage
+from relaykit.run_ids import MAX_RUN_ID_BYTES, run_id_fits
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
@@ -36,6 +43,7 @@ from relaykit.runs import (
     RunResult,
     RunSnapshot,
 )
+from relaykit.schedule_options import task_queue_name
 from relaykit.storage import Store
 from relaykit.streaming import DEFAULT_POLL_INTERVAL, StreamCursor, StreamEvent, stream_run
 from relaykit.tracing import has_tracing_interceptor, temporal_interceptor, tracing_enabled
@@ -175,13 +183,13 @@ class RunHandle:
         else by the ``pending_approvals`` query. The attribute follows each workflow task as it
         completes, so a call answered a moment ago may still be listed (its late answer is then
         recorded as refused, :mod:`relaykit.bulk_approvals`)."""
-        from relaykit.search_attributes import RELAY_WAITING_CALLS
+        from relaykit.search_attributes import RELAY_WAITING_CALLS, listed_calls
 
         description = await self.workflow.describe()
         if description.status != WorkflowExecutionStatus.RUNNING:
             return []  # a closed run waits for nothing (and its worker may be gone)
-        listed = description.typed_search_attributes.get(RELAY_WAITING_CALLS)
-        if not listed:  # not kept by this run, or nothing waits: the run itself says
+        listed = listed_calls(description.typed_search_attributes.get(RELAY_WAITING_CALLS))
+        if listed is None:  # not kept by this run, nothing waits, or too many: the run says
             return await self.pending_approvals()
         return [waiting_call(self.id, call_id) for call_id in listed]
 
@@ -296,7 +304,9 @@ async def signal_answer(
 
 
 def new_run_id(agent_name: str) -> str:
-    return f"{slug(agent_name) or 'run'}-{uuid.uuid4().hex[:12]}"
+    """``<agent slug>-<12 hex digits>``, the slug cut to 64 characters (a run id is at most
+    1,000, and child ids add to it)."""
+    return f"{slug(agent_name)[:64].rstrip('_') or 'run'}-{uuid.uuid4().hex[:12]}"
 
 
 async def start_run(
@@ -327,6 +337,13 @@ async def start_run(
     from relaykit import fleet
 
     fleet.check(priority, tenant, tenant_weight)
+    if not task_queue_name(task_queue, "task_queue"):
+        raise ConfigurationError("task_queue is empty", hint="name the task queue of a worker")
+    if id and not run_id_fits(id):
+        raise ConfigurationError(
+            f"the run id is {len(id.encode('utf-8', 'surrogatepass'))} bytes long",
+            hint=f"at most {MAX_RUN_ID_BYTES} (UTF-8), the Temporal server's limit",
+        )
     name = agent.name if isinstance(agent, Agent) else agent
     prompt = input if isinstance(input, str) else (input[-1].content if input else "")
     run_input = RunInput(

@@ -46,7 +46,7 @@ from relaykit.errors import RelaykitError
 from relaykit.messages import Message, ModelResponse
 from relaykit.models.spec import ModelRequest
 from relaykit.runs import ForkOrigin, RunInput, RunResult
-from relaykit.search_attributes import RELAY_FORK_OF
+from relaykit.search_attributes import RELAY_FORK_OF, keyword
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, MODEL_ACTIVITY
 from relaykit.workflows.model_turn import SUMMARY_LABEL
 
@@ -305,7 +305,7 @@ async def fork_run(
         tenant=base.tenant,
         tenant_weight=base.tenant_weight,
     )
-    forked = [SearchAttributePair(RELAY_FORK_OF, str(origin))]
+    forked = [SearchAttributePair(RELAY_FORK_OF, keyword(str(origin)))]
     options = await fleet.start_options(  # the origin's priority and tenant
         client,
         new_input,

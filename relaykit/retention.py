@@ -5,13 +5,21 @@ write). The store itself is :mod:`relaykit.storage`."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relaykit.errors import ConfigurationError
-from relaykit.storage import RUNS_PREFIX, Store, run_id_of_scope, run_prefix
+from relaykit.search_attributes import query_literal
+from relaykit.storage import (
+    RUNS_PREFIX,
+    Store,
+    long_id_start,
+    root_run_id,
+    run_id_of_scope,
+    run_prefix,
+    scope_for,
+)
 
 # --- retention ----------------------------------------------------------------------------------
 
@@ -73,7 +81,7 @@ async def collect_garbage(
     now = now or datetime.now(UTC)
     report = GcReport()
     for scope in await store.folders(f"{RUNS_PREFIX}/"):
-        run_id = run_id_of_scope(scope)
+        run_id = run_id_of_scope(scope) or await _long_root_id(client, scope)
         label = run_id or scope
         closed_at: datetime | None = None
         if run_id is not None:
@@ -88,9 +96,8 @@ async def collect_garbage(
                 if closed_at is None:
                     report.kept[label] = "running"
                     continue
-            query = (
-                f"WorkflowId STARTS_WITH {json.dumps(run_id + '/')} AND ExecutionStatus = 'Running'"
-            )
+            children = f"WorkflowId STARTS_WITH {query_literal(run_id + '/')}"
+            query = f"{children} AND ExecutionStatus = 'Running'"
             try:
                 running_child = [w async for w in client.list_workflows(query, limit=1)]
             except RPCError:
@@ -114,6 +121,20 @@ async def collect_garbage(
         else:
             report.deleted[label] = await store.delete_prefix(run_prefix(scope))
     return report
+
+
+async def _long_root_id(client: Any, scope: str) -> str | None:
+    """The root run id of a long id's scope, found among the runs Temporal knows whose id
+    begins as the scope does (``None``: Temporal knows none, and the folder counts as
+    forgotten, like any other)."""
+    start = long_id_start(scope)
+    if start is None:
+        return None
+    query = f"WorkflowId STARTS_WITH {query_literal(start)}"
+    async for execution in client.list_workflows(query):
+        if scope_for(execution.id) == scope:
+            return root_run_id(execution.id)
+    return None
 
 
 def _ago(delta: timedelta) -> str:

@@ -60,6 +60,8 @@ from relaykit.search_attributes import (
     RELAY_TOKENS,
     RELAY_WAITING_FOR,
     eval_registered,
+    keyword,
+    query_literal,
 )
 from relaykit.stuck import stuck_from
 from relaykit.versioning import run_build
@@ -206,7 +208,7 @@ class RunFilter:
     def visibility_query(self, *, with_state: bool = True, eval_attribute: bool = False) -> str:
         """The filter as a visibility query; ``with_state=False`` leaves out status and reason
         (the base of the counts); ``eval_attribute``: the namespace has ``RelayEvalOf``."""
-        parts = [f"WorkflowType = {quote(AGENT_RUN_WORKFLOW)}"]
+        parts = [f"WorkflowType = {query_literal(AGENT_RUN_WORKFLOW)}"]
         if eval_attribute and not self.evals:
             parts.append("RelayEvalOf IS NULL")
         if with_state and self.status is not None:
@@ -214,21 +216,16 @@ class RunFilter:
         if with_state and self.reason is not None:
             parts.append(f"({REASON_FILTERS[self.reason]})")
         if self.agent is not None:
-            parts.append(f"RelayAgent = {quote(self.agent)}")
+            parts.append(f"RelayAgent = {query_literal(keyword(self.agent))}")
         if self.roots:
             parts.append("RelayParentRun IS NULL")
         if self.tenant is not None:
-            parts.append(f"RelayTenant = {quote(self.tenant)}")
+            parts.append(f"RelayTenant = {query_literal(self.tenant)}")
         if self.text:
-            parts.append(f"WorkflowId STARTS_WITH {quote(self.text)}")
+            parts.append(f"WorkflowId STARTS_WITH {query_literal(self.text)}")
         if self.query:
             parts.append(f"({self.query})")
         return " AND ".join(parts)
-
-
-def quote(value: str) -> str:
-    """A string literal of a visibility query."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 async def list_runs_page(

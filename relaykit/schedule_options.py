@@ -53,7 +53,7 @@ def _out_of_range(what: str, value: timedelta | float, zero: str | None) -> Conf
 
 
 _MAX_INT32 = 2**31 - 1
-MAX_TASK_QUEUE_CHARS = 1000
+MAX_TASK_QUEUE_BYTES = 1000
 """The Temporal server's default limit on a task queue name (``limit.maxIDLength``)."""
 _RESERVED_QUEUE_PREFIX = "/_sys/"
 
@@ -65,10 +65,11 @@ def task_queue_name(name: str | None, what: str) -> str | None:
         return name
     if not isinstance(name, str):
         raise ConfigurationError(f"{what} is {name!r}", hint="a task queue name (a string)")
-    if len(name) > MAX_TASK_QUEUE_CHARS:
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_TASK_QUEUE_BYTES:
         raise ConfigurationError(
-            f"{what} is {len(name)} characters long",
-            hint=f"at most {MAX_TASK_QUEUE_CHARS}, the Temporal server's limit",
+            f"{what} is {size} bytes long",
+            hint=f"at most {MAX_TASK_QUEUE_BYTES} (UTF-8), the Temporal server's limit",
         )
     if name.startswith(_RESERVED_QUEUE_PREFIX):
         raise ConfigurationError(

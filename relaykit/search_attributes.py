@@ -33,6 +33,8 @@ workflow sandbox would reject at import time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import weakref
 from collections.abc import Sequence
@@ -101,7 +103,11 @@ RELAY_WAITING_CALLS: Final = SearchAttributeKey.for_keyword_list("RelayWaitingCa
 """The call ids waiting for a person in the run (its own and its agent-tool children's), e.g.
 ``RelayWaitingCalls = 'call_7'``: answering many approvals checks them here, from the server,
 without a query to a busy worker (:mod:`relaykit.bulk_approvals`). Written with the others, only
-when the namespace has it."""
+when the namespace has it. A list too long for one attribute value ends in
+:data:`MORE_CALLS` (:func:`waiting_call_ids`); readers then ask the run."""
+
+MORE_CALLS: Final = "…"
+"""The last entry of a cut ``RelayWaitingCalls`` (no call id has this character)."""
 
 UPSERTED: Final[list[SearchAttributeKey[Any]]] = [
     RELAY_AGENT,
@@ -126,6 +132,64 @@ ALL: Final[list[SearchAttributeKey[Any]]] = [
 """Every attribute relaykit may write, i.e. what a namespace should have registered."""
 
 
+MAX_VALUE_BYTES: Final = 2048
+"""The Temporal server's default limit on one search attribute value
+(``limit.searchAttributeValueSize``), measured as the SDK encodes it: JSON, with every non-ASCII
+character escaped (``账`` is six bytes)."""
+
+
+def keyword(value: str) -> str:
+    """``value`` as a Keyword attribute can hold it: unchanged when it fits, else cut and ended
+    with a digest of the whole (``…`` and 16 hex digits).
+
+    Agent names are free text and workflow ids may be 1,000 non-ASCII characters: written whole,
+    such a value made the server refuse the command that carried it, and the run failed at a
+    handoff or when it started a child. Filters that name a value pass it through here too, so
+    ``RelayAgent = '<name>'`` finds the run whatever the name's length."""
+    if len(json.dumps(value)) <= MAX_VALUE_BYTES:
+        return value
+    suffix = "…" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    room = MAX_VALUE_BYTES - len(json.dumps(suffix))
+    kept: list[str] = []
+    for char in value:
+        room -= len(json.dumps(char)) - 2
+        if room < 0:
+            break
+        kept.append(char)
+    return "".join(kept) + suffix
+
+
+def waiting_call_ids(call_ids: Sequence[str]) -> list[str]:
+    """``call_ids`` as ``RelayWaitingCalls`` can hold them: whole when they fit in one value,
+    else the first that fit and then :data:`MORE_CALLS`. Forty calls waiting at once used to
+    pass the server's limit, and the server terminated the run."""
+    ids = list(call_ids)
+    if len(json.dumps(ids, separators=(",", ":"))) <= MAX_VALUE_BYTES:
+        return ids
+    room = MAX_VALUE_BYTES - len(json.dumps([MORE_CALLS]))
+    kept: list[str] = []
+    for call_id in ids:
+        room -= len(json.dumps(call_id)) + 1  # and its comma
+        if room < 0:
+            break
+        kept.append(call_id)
+    return [*kept, MORE_CALLS]
+
+
+def listed_calls(value: Sequence[str] | None) -> list[str] | None:
+    """The call ids a ``RelayWaitingCalls`` value names, or ``None`` when it does not name them
+    all (unset, empty or cut): ask the run instead."""
+    if not value or value[-1] == MORE_CALLS:
+        return None
+    return list(value)
+
+
+def query_literal(value: str) -> str:
+    """A string literal of a visibility query. (Not ``json.dumps``: the server reads a
+    ``\\u8d26`` escape as those six characters, so a non-ASCII id matched nothing.)"""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def started_pairs(
     agent: str, *, now: datetime, cost: bool, listed: bool
 ) -> list[SearchAttributePair[Any]]:
@@ -137,7 +201,7 @@ def started_pairs(
     agent and status from the moment it starts. ``cost`` and ``listed`` say whether the
     namespace has ``RelayCostUSD`` and :data:`LIST_ATTRIBUTES`."""
     pairs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(RELAY_AGENT, agent),
+        SearchAttributePair(RELAY_AGENT, keyword(agent)),
         SearchAttributePair(RELAY_STATUS, "running"),  # a new run's RunState.status
         SearchAttributePair(RELAY_TOKENS, 0),
     ]

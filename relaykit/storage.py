@@ -136,20 +136,47 @@ def root_run_id(workflow_id: str) -> str:
     return workflow_id.split("/", 1)[0]
 
 
+MAX_SCOPE_CHARS = 255
+"""A longer folder name is cut and ends in a digest: a file system takes 255 bytes per name, so
+no folder that a local store could make changes its name."""
+
+
 def scope_for(workflow_id: str | None) -> str:
     """The key segment of a run's folder: its root run id, percent-encoded (dots too, so no
-    id can become ``..``)."""
+    id can become ``..``). An id longer than :data:`MAX_SCOPE_CHARS` once encoded (a run id
+    may be 1,000 characters, and each non-ASCII one takes nine) keeps its first part, then
+    ``.`` and a digest of the whole id: the only scopes with a dot."""
     if not workflow_id:
         return NO_RUN_SCOPE
     root = root_run_id(workflow_id)
     if not root:
         return NO_RUN_SCOPE
-    return quote(root, safe="-_").replace(".", "%2E").replace("~", "%7E")
+    scope = _encoded(root)
+    if len(scope) <= MAX_SCOPE_CHARS:
+        return scope
+    head, room = [], MAX_SCOPE_CHARS - 33
+    for char in root:  # whole characters, so the head reads back as the id's beginning
+        room -= len(encoded := _encoded(char))
+        if room < 0:
+            break
+        head.append(encoded)
+    digest = hashlib.sha256(root.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{''.join(head)}.{digest}"
+
+
+def _encoded(text: str) -> str:
+    return quote(text, safe="-_").replace(".", "%2E").replace("~", "%7E")
 
 
 def run_id_of_scope(scope: str) -> str | None:
-    """The root run id a scope folder belongs to (``None`` for :data:`NO_RUN_SCOPE`)."""
-    return None if scope == NO_RUN_SCOPE else unquote(scope)
+    """The root run id a scope folder belongs to (``None`` for :data:`NO_RUN_SCOPE` and for the
+    scope of a long id, which keeps only the id's beginning: :func:`long_id_start`)."""
+    return None if scope == NO_RUN_SCOPE or "." in scope else unquote(scope)
+
+
+def long_id_start(scope: str) -> str | None:
+    """How the root run id of a long id's scope begins (``None`` for other scopes)."""
+    return unquote(scope.split(".", 1)[0]) if "." in scope else None
 
 
 def _check_key(key: str) -> str:

@@ -27,12 +27,14 @@ from relaykit.activities.heartbeats import AttemptHeartbeats
 from relaykit.activities.model_call import ModelActivities
 from relaykit.activities.tool_activities import handoff_activity, tool_activity
 from relaykit.agent import Agent
+from relaykit.errors import ConfigurationError
 from relaykit.graph import AgentGraph
 from relaykit.models.queues import ModelLimit, limit_for, limits_from_env, model_queue, parse_limits
 from relaykit.models.spec import ModelSpec, parse_model
 from relaykit.payload_conversion import shared_payload_conversion
 from relaykit.payload_storage import with_external_storage
 from relaykit.sandbox import sandbox_runner
+from relaykit.schedule_options import task_queue_name
 from relaykit.search_attributes import upsert_choices
 from relaykit.storage import Store
 from relaykit.streaming import DEFAULT_DELTA_INTERVAL
@@ -133,9 +135,9 @@ class Worker:
         **worker_options: Any,
     ) -> None:
         if tool_threads < 1:
-            from relaykit.errors import ConfigurationError
-
             raise ConfigurationError(f"tool_threads must be at least 1, got {tool_threads}")
+        if not task_queue_name(task_queue, "the worker's task_queue"):
+            raise ConfigurationError("the worker's task_queue is empty", hint="name a task queue")
         roots = [agents] if isinstance(agents, Agent) else list(agents)
         model = parse_model(default_model) if default_model else default_model_from_env()
         self.graph = AgentGraph.build(roots, default_model=model)
@@ -203,11 +205,11 @@ class Worker:
         scheduled it). Such a model can have no limits of its own, which would hold every
         activity of the queue, and a ``models_only`` worker has nothing to poll for it."""
         queues = self.model_queues()
+        for queue in queues:  # a derived name the server refuses would wedge every run
+            task_queue_name(queue, f"a model queue of this worker ({queue[:40]}…)")
         shared = queues.pop(self.task_queue, None)
         if shared is None:
             return queues
-        from relaykit.errors import ConfigurationError
-
         names = sorted(
             agent.name
             for agent in self.graph.agents.values()
@@ -339,8 +341,6 @@ class Worker:
         (the ``mcp`` package is imported only then)."""
         if not self.graph.mcp_servers:
             return []
-        from relaykit.errors import ConfigurationError
-
         if self._own_dynamic():
             raise ConfigurationError(
                 "this worker serves MCP servers, which use the worker's dynamic activity",

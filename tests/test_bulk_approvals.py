@@ -9,7 +9,8 @@ from temporalio.client import Client
 from relaykit import Agent, ApprovalDecision, ApprovalNotWaiting, answer_waiting, start_run
 from relaykit.bulk_approvals import waiting_runs_query
 from relaykit.devserver import DevServer
-from relaykit.testing.scripted_server import ScriptedModelServer, call, text
+from relaykit.search_attributes import MORE_CALLS, RELAY_WAITING_CALLS
+from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from tests.support import scripted_model, serving
 from tests.test_approvals import (
     eventually,
@@ -111,3 +112,42 @@ async def test_approve_all_answers_every_waiting_run_a_query_finds_with_one_line
         (decision,) = [e.data for e in run_events if e.kind == "approval_answered"]
         assert decision["by"] == "carol"
     assert again == []  # nothing waits any more
+
+
+async def test_forty_calls_waiting_at_once_keep_the_run_and_are_all_answered_in_bulk(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Forty 60-character call ids are more than one attribute value holds (2 kB): the server
+    # terminated such a run. The list is cut, marked, and the bulk path asks the run instead.
+    refunds: list[str] = []
+    model = scripted_model(model_server)
+    ids = [f"call_{'x' * 50}{n:04d}" for n in range(40)]
+    turn = batch(*(call("refund", id=i, order_id=f"M{n}", amount=n) for n, i in enumerate(ids)))
+    model_server.script(model.name, [turn, text("done")])
+    agent = Agent(
+        name="many_waiting",
+        model=model,
+        tools=[make_refund_tool(refunds)],
+        approval_order="parallel",
+    )
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "refund all", task_queue=worker.task_queue)
+        await waiting_for_approval(handle, count=40)
+
+        async def cut() -> bool:
+            described = await handle.workflow.describe()
+            listed = described.typed_search_attributes.get(RELAY_WAITING_CALLS) or []
+            return bool(listed) and listed[-1] == MORE_CALLS
+
+        await eventually(cut, "the cut list of waiting calls")
+        assert len(await handle.waiting_calls()) == 40  # the run's own answer, not the cut list
+        query = f"TaskQueue = '{worker.task_queue}'"
+
+        async def listed() -> bool:  # visibility follows the run's upserts
+            return (await client.count_workflows(waiting_runs_query(query))).count == 1
+
+        await eventually(listed, "the run listed as waiting")
+        answers = await answer_waiting(client, query, by="dora")
+        result = await handle.result()
+    assert sorted(a.call_id for a in answers) == sorted(ids)
+    assert result.output == "done" and len(refunds) == 40

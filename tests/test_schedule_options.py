@@ -198,7 +198,8 @@ async def test_a_run_schedules_its_calls_with_the_longest_timeouts_a_definition_
 @pytest.mark.parametrize(
     ("name", "said"),
     [
-        ("q" * 1001, "is 1001 characters long (hint: at most 1000"),
+        ("q" * 1001, "is 1001 bytes long (hint: at most 1000"),
+        ("账" * 334, "is 1002 bytes long (hint: at most 1000"),
         ("/_sys/gpu", "Temporal reserves names starting with /_sys/"),
         (7, "a task queue name (a string)"),
     ],

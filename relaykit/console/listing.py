@@ -27,10 +27,10 @@ from relaykit.run_list import (
     RunFilter,
     RunRow,
     list_runs_page,
-    quote,
 )
 from relaykit.run_list import row_of as list_row
 from relaykit.runs import PendingApproval
+from relaykit.search_attributes import keyword, query_literal
 
 __all__ = ["COUNTED_REASONS", "REASONS", "STATUS_FILTERS"]
 
@@ -164,4 +164,4 @@ async def _for_a_person(client: Client, row: ConsoleRow) -> None:
 
 
 def children_query(run_id: str) -> str:
-    return f"RelayParentRun = {quote(run_id)}"
+    return f"RelayParentRun = {query_literal(keyword(run_id))}"

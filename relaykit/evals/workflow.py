@@ -39,8 +39,9 @@ with workflow.unsafe.imports_passed_through():
         ScoreInput,
     )
     from relaykit.evals.recording import RecordedRun
+    from relaykit.run_ids import child_run_id, run_id_fits, too_long
     from relaykit.runs import AGENT_RUN_WORKFLOW, RunResult
-    from relaykit.search_attributes import RELAY_EVAL_OF
+    from relaykit.search_attributes import RELAY_EVAL_OF, keyword
 
 _ACTIVITY_TIMEOUT = timedelta(minutes=5)
 #: Both activities heartbeat while they run: a dead worker's attempt is retried after this long.
@@ -99,11 +100,15 @@ class EvalWorkflow:
             )
         if recorded.problem is not None:
             return skipped(recorded, f"not evaluated: {recorded.problem}")
-        child_id = f"{eval_id}/{recorded.run_id}"
+        child_id = child_run_id(eval_id, recorded.run_id)
+        if not run_id_fits(child_id):  # the server would refuse the start, at every retry
+            return skipped(
+                recorded, f"not evaluated: the candidate could not start: {too_long(child_id)}"
+            )
         attributes = None
         if input.eval_attribute:
             attributes = TypedSearchAttributes(
-                [SearchAttributePair(RELAY_EVAL_OF, recorded.run_id)]
+                [SearchAttributePair(RELAY_EVAL_OF, keyword(recorded.run_id))]
             )
         candidate: RunResult | None = None
         failure = None

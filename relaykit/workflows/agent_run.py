@@ -48,6 +48,8 @@ from relaykit.search_attributes import (
     RELAY_WAITING_CALLS,
     RELAY_WAITING_FOR,
     changed_only,
+    keyword,
+    waiting_call_ids,
 )
 from relaykit.workflows.agent_tools import cancel_parent
 from relaykit.workflows.approvals import CHILD_APPROVAL_DONE_SIGNAL, CHILD_APPROVAL_SIGNAL
@@ -162,7 +164,7 @@ class AgentRun:
         self._upsert_due = False
         state = self._loop.state
         updates: list[SearchAttributeUpdate[Any]] = [
-            RELAY_AGENT.value_set(state.agent),
+            RELAY_AGENT.value_set(keyword(state.agent)),
             RELAY_STATUS.value_set(state.status),
             RELAY_TOKENS.value_set(state.usage.total_tokens),
         ]
@@ -177,7 +179,7 @@ class AgentRun:
         if self._waiting_calls:
             waiting = list(state.pending_approvals)
             updates.append(
-                RELAY_WAITING_CALLS.value_set(waiting)
+                RELAY_WAITING_CALLS.value_set(waiting_call_ids(waiting))
                 if waiting
                 else RELAY_WAITING_CALLS.value_unset()
             )

@@ -25,6 +25,7 @@ from temporalio.exceptions import (
 
 from relaykit.agent import AgentTool
 from relaykit.messages import ToolCall, ToolSpec
+from relaykit.run_ids import child_run_id, run_id_fits, too_long
 from relaykit.runs import RunInput, RunResult
 from relaykit.tool_args import AgentToolArgs
 from relaykit.workflows.call_record import ROUTE_AGENT, route
@@ -67,9 +68,11 @@ class ChildIds:
         parent = workflow.info().workflow_id
         if self.run.patched(AGENT_TOOL_ID_PATCH):
             state.agent_tools_started += 1
-            child_id = f"{parent}/{_child_name(entry.agent.name)}-{state.agent_tools_started}"
+            child_id = child_run_id(
+                parent, f"{_child_name(entry.agent.name)}-{state.agent_tools_started}"
+            )
         else:  # recorded before the ids carried the agent's name
-            child_id = f"{parent}/{call.id}"
+            child_id = child_run_id(parent, call.id)
         self._ids[id(call)] = child_id
         return child_id
 
@@ -110,6 +113,11 @@ class AgentToolKind(ToolKind):
 
     def prepare(self, call: ToolCall) -> Prepared | ToolResult:
         child_id = self.ids.take(self.entry, call)
+        if not run_id_fits(child_id):  # the server would refuse the start, at every retry
+            return ToolResult(
+                f"The {self.entry.agent.name} agent could not start: {too_long(child_id)}.",
+                is_error=True,
+            )
         try:
             prompt = AgentToolArgs.model_validate_json(call.arguments or "{}").input
         except ValidationError as exc:

@@ -306,9 +306,15 @@ class Run:
             return None
         from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-        from relaykit.search_attributes import RELAY_EVAL_OF, RELAY_PARENT_RUN, started_pairs
+        from relaykit.search_attributes import (
+            RELAY_EVAL_OF,
+            RELAY_PARENT_RUN,
+            keyword,
+            started_pairs,
+        )
 
-        pairs: list[Any] = [SearchAttributePair(RELAY_PARENT_RUN, workflow.info().workflow_id)]
+        parent = keyword(workflow.info().workflow_id)
+        pairs: list[Any] = [SearchAttributePair(RELAY_PARENT_RUN, parent)]
         if self.setup_flag("changed_attributes"):
             pairs += started_pairs(
                 agent,
@@ -318,7 +324,7 @@ class Run:
             )
         evaluation = self.input.evaluation
         if evaluation is not None and evaluation.mark:  # a candidate's children are candidates
-            pairs.append(SearchAttributePair(RELAY_EVAL_OF, evaluation.recorded_run))
+            pairs.append(SearchAttributePair(RELAY_EVAL_OF, keyword(evaluation.recorded_run)))
         return TypedSearchAttributes(pairs)
 
     # --- background signals ---------------------------------------------------------------------

@@ -24,6 +24,7 @@ from temporalio import workflow
 
 from relaykit.agent import Agent, Subagents
 from relaykit.messages import Message, ToolSpec
+from relaykit.run_ids import child_run_id
 from relaykit.runs import DELIVER_ACTIVITY, ChildReport, DeliveryRequest, ReportTarget, SubagentTask
 from relaykit.subagents import DEFAULT_INSTRUCTIONS, DETACHED_INSTRUCTIONS
 from relaykit.tool_args import (
@@ -158,7 +159,7 @@ class SubagentTasks:
         task = SubagentTask(
             id=task_id,
             agent=agent,
-            workflow_id=f"{workflow.info().workflow_id}/{task_id}",
+            workflow_id=child_run_id(workflow.info().workflow_id, task_id),
             prompt=prompt[:200],
             started_at=workflow.now(),
         )

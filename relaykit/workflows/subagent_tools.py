@@ -20,6 +20,7 @@ from temporalio.workflow import ParentClosePolicy
 
 from relaykit.agent import Agent, Subagents
 from relaykit.messages import ToolCall, ToolSpec
+from relaykit.run_ids import run_id_fits, too_long
 from relaykit.runs import ReportTarget, RunInput, SubagentTask
 from relaykit.tool_args import (
     SUBAGENT_ARGUMENTS,
@@ -167,6 +168,9 @@ class SubagentTool(ToolKind):
             target = stand_in_agent(name)
         task = tasks.open_task(target.name, prompt)
         task_id, child_id = task.id, task.workflow_id
+        if not run_id_fits(child_id):  # the server would refuse the start, at every retry
+            tasks.drop(task)
+            return ToolResult(f"Could not start the task: {too_long(child_id)}.", is_error=True)
         info = workflow.info()
         target_wf = capability.deliver_to_workflow if capability.detached else info.workflow_id
         try:

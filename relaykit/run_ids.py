@@ -1,0 +1,44 @@
+"""Ids of child runs, within the Temporal server's limit on a workflow id.
+
+A child run is named ``<parent id>/<segment>`` (an agent tool's ``<agent>-<n>``, a subagent's
+``task-<n>``), so an id grows with every level and starts with its root run's id, which the
+store's folders and ``relaykit gc`` read. The server refuses a workflow id over 1,000 bytes, and
+a refused child start fails the parent's workflow task again at every retry: the run wedged.
+Past the limit the id becomes ``<root id>/<digest>``; when even that does not fit (a root id of
+nearly 1,000 bytes), the call that would start the child gets an error result instead.
+
+Workflow code imports this module: it does no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+MAX_RUN_ID_BYTES = 1000
+"""The server's default limit on a workflow id (``limit.maxIDLength``), in UTF-8 bytes."""
+
+
+def run_id_fits(run_id: str) -> bool:
+    return len(run_id.encode("utf-8", "surrogatepass")) <= MAX_RUN_ID_BYTES
+
+
+def child_run_id(parent: str, segment: str) -> str:
+    """``<parent>/<segment>``, or ``<root>/<digest of it>`` when that is over the limit. The
+    result may still not fit (:func:`run_id_fits`) when the root's own id is nearly 1,000 bytes.
+
+    Ids that fit are unchanged from earlier releases, and a longer one never started a child,
+    so no recorded run changes its ids."""
+    child = f"{parent}/{segment}"
+    if run_id_fits(child):
+        return child
+    root = parent.split("/", 1)[0]
+    return f"{root}/{hashlib.sha256(child.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
+
+
+def too_long(run_id: str) -> str:
+    """Why a child run with ``run_id`` cannot start, in words a model reads."""
+    size = len(run_id.encode("utf-8", "surrogatepass"))
+    return (
+        f"its run id would be {size} bytes, over Temporal's limit of {MAX_RUN_ID_BYTES} "
+        "(this run's own id is too long to name a child run)"
+    )
