@@ -12,7 +12,13 @@ import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 # isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
 from relaykit.context_policy import ContextPolicy, default_context_policy
-from relaykit.errors import ApprovalNotWaiting, ConfigurationError, RelaykitError, RunFailed
+from relaykit.errors import (
+    ApprovalNotWaiting,
+    ConfigurationError,
+    RelaykitError,
+    RunFailed,
+    TextTooLong,
+)
 from relaykit.eval_context import EvalContext
 from relaykit.handoff import (
     Handoff,
@@ -186,6 +192,7 @@ __all__ = [
     "StreamCursor",
     "StreamEvent",
     "Subagents",
+    "TextTooLong",
     "Tool",
     "ToolCall",
     "ToolContext",

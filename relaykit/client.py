@@ -7,6 +7,7 @@ client or the ``temporal`` CLI; these only add types and clear errors.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from relaykit.errors import (
     ConfigurationError,
     RelaykitError,
     RunFailed,
+    TextTooLong,
 )
 from relaykit.messages import Message
 from relaykit.names import slug
@@ -109,6 +111,24 @@ async def connect(
             f"not a Temporal address: {config['target_host']!r} ({exc})",
             hint="give host:port, e.g. localhost:7233",
         ) from None
+
+
+MAX_TEXT_BYTES = 1 << 20
+"""The longest text an operator sends a run (a message, a steer, a resume text, an approval's
+reason), as JSON in UTF-8. An update's input comes back in the worker's answer that accepts it,
+and the SDK refuses to send an answer over 2 MB: a longer text failed the run's workflow task
+at every retry, and the run wedged. Signals over 2 MB the server refuses itself."""
+
+
+def _sendable(text: str | None, what: str) -> None:
+    if text is None:
+        return
+    size = len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_BYTES:
+        raise TextTooLong(
+            f"{what} is {size:,} bytes long, over the {MAX_TEXT_BYTES:,} a run takes",
+            hint="put a long document where the run's tools can read it, and send its name",
+        )
 
 
 class RunHandle:
@@ -219,6 +239,7 @@ class RunHandle:
         ApprovalNotWaiting` for a call that is not waiting (the update:
         ``WorkflowUpdateFailedError``). ``by`` (default: this machine's user) is recorded with
         the answer, in the run's history and its ``approval_answered`` event."""
+        _sendable(reason, "the reason")
         decision = ApprovalDecision(
             call_id=call_id, approved=approved, reason=reason, by=author(by)
         )
@@ -232,6 +253,7 @@ class RunHandle:
     async def send_message(self, text: str, *, by: str | None = None) -> int:
         """Queue ``text`` for the run's next turn boundary; returns its place in the queue.
         ``by`` (default: this machine's user) is recorded with it."""
+        _sendable(text, "the message")
         place: int = await self.workflow.execute_update(
             "send_message", args=[text, author(by)], result_type=int
         )
@@ -241,6 +263,7 @@ class RunHandle:
         """Like :meth:`send_message`, but a model call in flight is cancelled (its answer is
         never used) and the next one, with ``text``, starts at once; returns whether a call
         was cancelled."""
+        _sendable(text, "the message")
         cancelled: bool = await self.workflow.execute_update(
             "steer", args=[text, author(by)], result_type=bool
         )
@@ -271,6 +294,7 @@ class RunHandle:
     async def resume(self, text: str | None = None, *, by: str | None = None) -> None:
         """Continue a paused run, with ``text`` for the model if given; ``by`` as for
         :meth:`pause`."""
+        _sendable(text, "the message")
         await self.workflow.signal("resume", args=[text, author(by)])
 
     async def cancel(self, *, by: str | None = None) -> None:

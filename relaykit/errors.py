@@ -36,6 +36,11 @@ class ApprovalNotWaiting(RelaykitError, ValueError):
     one answered already): nothing was sent."""
 
 
+class TextTooLong(RelaykitError, ValueError):
+    """A message, steer, resume text or approval reason too long to send to a run: nothing was
+    sent (:data:`relaykit.client.MAX_TEXT_BYTES`)."""
+
+
 # Error type names used in ApplicationError.type (stable: clients match on them).
 MAX_TURNS_EXCEEDED = "MaxTurnsExceeded"
 BUDGET_EXCEEDED = "BudgetExceeded"

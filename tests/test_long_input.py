@@ -1,4 +1,6 @@
-"""Property: no agent name or run id, whatever its length or script, wedges a run.
+"""No agent name, run id or operator's text, whatever its length or script, wedges a run.
+
+Property: names and ids.
 
 Agent names are free text, and a run id may be up to 1,000 bytes of any script. Each reaches
 Temporal and the store in several shapes: the ids of the run's children, the ``RelayAgent`` and
@@ -26,10 +28,11 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from relaykit import Agent, Handoff, Worker, start_run
+from relaykit import Agent, Handoff, TextTooLong, Worker, start_run
+from relaykit.client import MAX_TEXT_BYTES
 from relaykit.errors import ConfigurationError
 from relaykit.retention import collect_garbage
 from relaykit.run_ids import MAX_RUN_ID_BYTES, child_run_id, run_id_fits
@@ -45,6 +48,7 @@ from relaykit.storage import (
 from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.workflows.agent_tools import _child_name
 from tests.support import history_events, scripted_model, serving
+from tests.test_approvals import eventually, make_refund_tool, waiting_for_approval
 
 EXAMPLES = int(os.environ.get("RELAYKIT_PROPERTY_EXAMPLES", "8"))
 RUN_TIMEOUT = 60.0
@@ -242,3 +246,46 @@ async def test_a_long_ids_folder_is_kept_and_named_by_its_run(
     report = await collect_garbage(store, client, retention=timedelta(0))
     assert report.deleted[long_id] > 0
     assert not [o async for o in store.list(run_prefix(scope_for(long_id)))]
+
+
+# --- texts an operator sends ----------------------------------------------------------------
+
+
+async def test_a_text_too_long_for_a_run_is_refused_before_it_is_sent(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    """An update's input comes back in the worker's answer accepting it, and the SDK refuses to
+    send an answer over 2 MB: a 3 MB approval reason failed the run's workflow task at every
+    retry. A text within the bound reaches the model."""
+    model = scripted_model(model_server)
+    model_server.script(model.name, [call("refund", id="call_long", order_id="L1", amount=1)])
+    model_server.respond(model.name, lambda request: text("done"))
+    refunds: list[str] = []
+    agent = Agent(name="long_texts", model=model, tools=[make_refund_tool(refunds)])
+    near = "y" * (MAX_TEXT_BYTES - 100)
+    async with serving(client, agent) as worker:
+        handle = await start_run(client, agent, "refund L1", task_queue=worker.task_queue)
+        await waiting_for_approval(handle)
+        over = "z" * (MAX_TEXT_BYTES + 1)
+        for send in (
+            lambda: handle.approve("call_long", reason=over),
+            lambda: handle.approve("call_long", reason=over, wait=False),
+            lambda: handle.send_message(over),
+            lambda: handle.steer(over),
+            lambda: handle.resume("\x00" * (MAX_TEXT_BYTES // 6 + 1)),  # six bytes each in JSON
+        ):
+            with pytest.raises(TextTooLong, match="over the 1,048,576 a run takes"):
+                await send()
+        assert await handle.send_message(near) == 1
+        await handle.approve("call_long", reason="fine")
+
+        async def finished() -> bool:  # its result holds the long text: read the history
+            status = (await handle.workflow.describe()).status
+            return status == WorkflowExecutionStatus.COMPLETED
+
+        await eventually(finished, "the run's end")
+    events = await history_events(handle.workflow)
+    assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events)
+    assert refunds == ["L1:1"]
+    said = [m for r in model_server.requests(model.name) for m in r.messages]
+    assert any(m.get("content") == near for m in said)
