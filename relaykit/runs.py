@@ -86,8 +86,8 @@ class Budget(BaseModel):
     known price makes such a run refuse to start, unless ``unpriced="free"`` counts its calls
     as free."""
 
-    max_total_tokens: int | None = None
-    max_requests: int | None = None
+    max_total_tokens: int | None = Field(None, ge=0)
+    max_requests: int | None = Field(None, ge=0)
     max_usd: float | None = Field(None, ge=0)
     child_share: float | None = Field(None, gt=0, le=1)
     on_limit: OnLimit = "pause"

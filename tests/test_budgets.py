@@ -8,6 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
+import pydantic
 import pytest
 from temporalio.client import Client
 
@@ -394,3 +395,16 @@ async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_today
         await replayer.replay_workflow(history)
     finally:
         registry.unregister("replay-budget-check", graph)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_requests": -1}, {"max_total_tokens": -5}, {"max_usd": -0.5}, {"max_usd": float("nan")}],
+)
+def test_a_negative_or_nan_limit_is_refused_when_the_budget_is_built(
+    limits: dict[str, Any],
+) -> None:
+    # Before, Budget(max_requests=-1) was taken, and the run failed after its first model call
+    # ("request budget exceeded: 1 > -1"), paying for a call it could never use.
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 0"):
+        Budget(**limits)
