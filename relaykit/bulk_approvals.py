@@ -43,7 +43,7 @@ from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaykit.authors import author
-from relaykit.client import get_run, signal_answer, waiting_call
+from relaykit.client import check_text, get_run, signal_answer, waiting_call
 from relaykit.runs import AGENT_RUN_WORKFLOW, ApprovalDecision
 from relaykit.search_attributes import RELAY_WAITING_CALLS, eval_registered, listed_calls
 
@@ -112,6 +112,7 @@ async def answer_waiting(
     answer, in no particular order; a call named in ``call_ids`` or ``picks`` that no run
     listed is reported as ``not_waiting``."""
     name = author(by)  # the author, the same for every answer (relaykit.authors)
+    check_text(reason, "the reason")  # before any answer is sent
     wanted = set(picks) if picks is not None else None
     if wanted is not None and run_ids is None:
         run_ids = sorted({run_id for run_id, _ in wanted})

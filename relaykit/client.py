@@ -120,7 +120,9 @@ and the SDK refuses to send an answer over 2 MB: a longer text failed the run's 
 at every retry, and the run wedged. Signals over 2 MB the server refuses itself."""
 
 
-def _sendable(text: str | None, what: str) -> None:
+def check_text(text: str | None, what: str) -> None:
+    """:class:`TextTooLong` for a ``text`` over :data:`MAX_TEXT_BYTES`: the one check of every
+    path that sends an operator's text (:class:`RunHandle`, answering in bulk)."""
     if text is None:
         return
     size = len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
@@ -239,7 +241,7 @@ class RunHandle:
         ApprovalNotWaiting` for a call that is not waiting (the update:
         ``WorkflowUpdateFailedError``). ``by`` (default: this machine's user) is recorded with
         the answer, in the run's history and its ``approval_answered`` event."""
-        _sendable(reason, "the reason")
+        check_text(reason, "the reason")
         decision = ApprovalDecision(
             call_id=call_id, approved=approved, reason=reason, by=author(by)
         )
@@ -253,7 +255,7 @@ class RunHandle:
     async def send_message(self, text: str, *, by: str | None = None) -> int:
         """Queue ``text`` for the run's next turn boundary; returns its place in the queue.
         ``by`` (default: this machine's user) is recorded with it."""
-        _sendable(text, "the message")
+        check_text(text, "the message")
         place: int = await self.workflow.execute_update(
             "send_message", args=[text, author(by)], result_type=int
         )
@@ -263,7 +265,7 @@ class RunHandle:
         """Like :meth:`send_message`, but a model call in flight is cancelled (its answer is
         never used) and the next one, with ``text``, starts at once; returns whether a call
         was cancelled."""
-        _sendable(text, "the message")
+        check_text(text, "the message")
         cancelled: bool = await self.workflow.execute_update(
             "steer", args=[text, author(by)], result_type=bool
         )
@@ -294,7 +296,7 @@ class RunHandle:
     async def resume(self, text: str | None = None, *, by: str | None = None) -> None:
         """Continue a paused run, with ``text`` for the model if given; ``by`` as for
         :meth:`pause`."""
-        _sendable(text, "the message")
+        check_text(text, "the message")
         await self.workflow.signal("resume", args=[text, author(by)])
 
     async def cancel(self, *, by: str | None = None) -> None:

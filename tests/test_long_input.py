@@ -31,7 +31,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from relaykit import Agent, Handoff, TextTooLong, Worker, start_run
+from relaykit import Agent, Handoff, TextTooLong, Worker, answer_waiting, start_run
 from relaykit.client import MAX_TEXT_BYTES
 from relaykit.errors import ConfigurationError
 from relaykit.retention import collect_garbage
@@ -273,6 +273,7 @@ async def test_a_text_too_long_for_a_run_is_refused_before_it_is_sent(
             lambda: handle.send_message(over),
             lambda: handle.steer(over),
             lambda: handle.resume("\x00" * (MAX_TEXT_BYTES // 6 + 1)),  # six bytes each in JSON
+            lambda: answer_waiting(client, run_ids=[handle.id], reason=over),
         ):
             with pytest.raises(TextTooLong, match="over the 1,048,576 a run takes"):
                 await send()
