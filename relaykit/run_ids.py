@@ -36,9 +36,11 @@ def child_run_id(parent: str, segment: str) -> str:
 
 
 def too_long(run_id: str) -> str:
-    """Why a child run with ``run_id`` cannot start, in words a model reads."""
-    size = len(run_id.encode("utf-8", "surrogatepass"))
+    """Why a child run with ``run_id`` (which does not fit) cannot start, in words a model
+    reads: only a root id of nearly 1,000 bytes leaves no room for ``<root>/<digest>``."""
+    root = run_id.split("/", 1)[0]
+    size = len(root.encode("utf-8", "surrogatepass"))
     return (
-        f"its run id would be {size} bytes, over Temporal's limit of {MAX_RUN_ID_BYTES} "
-        "(this run's own id is too long to name a child run)"
+        f"this run's root id is {size} bytes long, which leaves no room for a child run's id "
+        f"within Temporal's limit of {MAX_RUN_ID_BYTES} bytes"
     )

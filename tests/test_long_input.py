@@ -31,7 +31,15 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from relaykit import Agent, Handoff, TextTooLong, Worker, answer_waiting, start_run
+from relaykit import (
+    Agent,
+    Handoff,
+    Subagents,
+    TextTooLong,
+    Worker,
+    answer_waiting,
+    start_run,
+)
 from relaykit.client import MAX_TEXT_BYTES
 from relaykit.errors import ConfigurationError
 from relaykit.retention import collect_garbage
@@ -218,7 +226,7 @@ async def test_generated_names_and_ids_never_wedge_a_run(
         event("ran, with its agent tool's child")
     else:
         event("ran, its agent tool refused")
-        assert "could not start: its run id would be" in asked, asked
+        assert "leaves no room for a child run's id" in asked, asked
     assert described.typed_search_attributes.get(RELAY_AGENT) == keyword(target.name)
     store = worker.store
     assert [o async for o in store.list(run_prefix(scope_for(handle.id)))]
@@ -246,6 +254,36 @@ async def test_a_long_ids_folder_is_kept_and_named_by_its_run(
     report = await collect_garbage(store, client, retention=timedelta(0))
     assert report.deleted[long_id] > 0
     assert not [o async for o in store.list(run_prefix(scope_for(long_id)))]
+
+
+@pytest.mark.parametrize("run_id", ["r" * 980, "r" * 1000])
+async def test_a_subagent_of_a_run_with_a_long_id_runs_or_is_refused_in_words(
+    client: Client, model_server: ScriptedModelServer, run_id: str
+) -> None:
+    """``<id>/task-1`` fits for a 980-byte id; a 1,000-byte one leaves no room, even for
+    ``<root>/<digest>``: the spawn is an error result, and the run goes on."""
+    lead_model, helper_model = scripted_model(model_server), scripted_model(model_server)
+    helper = Agent(name="helper", model=helper_model)
+    model_server.respond(helper_model.name, lambda request: text("helped"))
+    model_server.script(
+        lead_model.name,
+        [call("spawn_subagent", prompt="look"), call("wait_subagents"), text("done")],
+    )
+    lead = Agent(name="lead", model=lead_model, subagents=Subagents([helper]))
+    async with serving(client, lead) as worker:
+        handle = await start_run(client, lead, "go", task_queue=worker.task_queue, id=run_id)
+        result = await asyncio.wait_for(handle.result(), RUN_TIMEOUT)
+    spawned = next(m.content for m in result.transcript if m.role == "tool")
+    if run_id_fits(f"{run_id}/task-1"):
+        assert (
+            '"status": "running"' in spawned and len(model_server.requests(helper_model.name)) == 1
+        )
+    else:
+        assert "Could not start the task: this run's root id is 1000 bytes long" in spawned
+        assert not model_server.requests(helper_model.name)
+    assert result.output == "done"
+    events = await history_events(handle.workflow)
+    assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events)
 
 
 # --- texts an operator sends ----------------------------------------------------------------
