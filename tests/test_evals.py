@@ -486,3 +486,30 @@ async def test_refund_desk_example_fails_the_refunds_the_new_instructions_leave_
     assert {r.score for r in failed} == {0.5}
     assert report.totals.passed == 20 - len(left) and report.totals.blocked == 0
     assert "## Different answers" in markdown(report)
+
+
+async def test_a_recorded_run_with_a_long_id_is_evaluated_under_a_shorter_candidate_id(
+    client: Client, model_server: ScriptedModelServer, tool_log: Path
+) -> None:
+    # `<eval id>/<recorded id>` is over the server's 1,000 bytes for a 990-byte recorded id: the
+    # candidate is `<eval id>/<digest>` (before: the evaluation's workflow task failed, forever).
+    model = scripted_model(model_server)
+    model_server.respond(model.name, recorded_model)
+    long_id = f"{uuid.uuid4().hex[:8]}-" + "r" * 981
+    async with serving(client, triage_agent(model)) as worker:
+        handle = await start_run(
+            client, "triage", "ticket 2", task_queue=worker.task_queue, id=long_id
+        )
+        await handle.result()
+    candidate = scripted_model(model_server)
+    model_server.respond(candidate.name, candidate_model(diverging=set()))
+    report = await run_eval(client, model_server, [triage_agent(candidate)], [long_id])
+    (run,) = report.runs
+    assert run.recorded_run == long_id and run.verdict == "passed", run
+    children = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        async for e in client.get_workflow_handle(report.eval_id).fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert len(children) == 1 and children[0].startswith(report.eval_id + "/")
+    assert len(children[0]) == len(report.eval_id) + 33
