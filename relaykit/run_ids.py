@@ -35,6 +35,14 @@ def child_run_id(parent: str, segment: str) -> str:
     return f"{root}/{hashlib.sha256(child.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
 
 
+def with_suffix(run_id: str, suffix: str) -> str:
+    """``run_id + suffix``, the id cut (at a character) so that the whole fits: a fork of a run
+    whose id is nearly 1,000 bytes is still a run of its own."""
+    room = MAX_RUN_ID_BYTES - len(suffix.encode("utf-8", "surrogatepass"))
+    head = run_id.encode("utf-8", "surrogatepass")[: max(room, 0)]
+    return head.decode("utf-8", "ignore") + suffix
+
+
 def too_long(run_id: str) -> str:
     """Why a child run with ``run_id`` (which does not fit) cannot start, in words a model
     reads: only a root id of nearly 1,000 bytes leaves no room for ``<root>/<digest>``."""

@@ -88,7 +88,7 @@ class Budget(BaseModel):
 
     max_total_tokens: int | None = Field(None, ge=0)
     max_requests: int | None = Field(None, ge=0)
-    max_usd: float | None = Field(None, ge=0)
+    max_usd: float | None = Field(None, ge=0, allow_inf_nan=False)
     child_share: float | None = Field(None, gt=0, le=1)
     on_limit: OnLimit = "pause"
     finish_reserve: float = Field(0.1, ge=0, lt=1)

@@ -399,12 +399,18 @@ async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_today
 
 @pytest.mark.parametrize(
     "limits",
-    [{"max_requests": -1}, {"max_total_tokens": -5}, {"max_usd": -0.5}, {"max_usd": float("nan")}],
+    [
+        {"max_requests": -1},
+        {"max_total_tokens": -5},
+        {"max_usd": -0.5},
+        {"max_usd": float("nan")},
+        {"max_usd": float("inf")},  # travelled as JSON null: no limit at all
+    ],
 )
-def test_a_negative_or_nan_limit_is_refused_when_the_budget_is_built(
+def test_a_negative_or_not_finite_limit_is_refused_when_the_budget_is_built(
     limits: dict[str, Any],
 ) -> None:
     # Before, Budget(max_requests=-1) was taken, and the run failed after its first model call
     # ("request budget exceeded: 1 > -1"), paying for a call it could never use.
-    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 0"):
+    with pytest.raises(pydantic.ValidationError, match=r"greater than or equal to 0|finite number"):
         Budget(**limits)

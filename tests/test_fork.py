@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from typing import Any
 
 import pytest
 from temporalio.client import Client
 
-from relaykit import Agent, ForkError, fork_run, get_run, start_run, tool
+from relaykit import Agent, ConfigurationError, ForkError, fork_run, get_run, start_run, tool
 from relaykit.devserver import DevServer
 from relaykit.search_attributes import RELAY_FORK_OF
 from relaykit.testing.scripted_server import ScriptedModelServer, ScriptedRequest, call, text
@@ -302,3 +303,24 @@ async def test_a_namespace_without_relay_fork_of_still_gets_the_other_attributes
     assert original_attrs.get(RELAY_STATUS) == "completed"
     assert fork_attrs.get(RELAY_STATUS) == "completed"
     assert invocations == ["lookup x"]
+
+
+async def test_a_fork_of_a_run_with_a_long_id_gets_an_id_that_fits(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # `<origin id>-fork<turn>-<hex>` is over 1,000 bytes for a 995-byte origin id: the origin's
+    # part is cut (before: the server refused the start). An id given that is too long is refused.
+    model = scripted_model(model_server)
+    model_server.script(model.name, [text("first answer"), text("forked answer")])
+    agent = Agent(name="long_forked", model=model)
+    long_id = f"{uuid.uuid4().hex[:8]}-" + "账" * 329  # 996 bytes
+    async with serving(client, agent) as worker:
+        original = await start_run(client, agent, "hi", task_queue=worker.task_queue, id=long_id)
+        await original.result()
+        with pytest.raises(ConfigurationError, match="the fork's id is 1001 bytes long"):
+            await fork_run(client, original.id, 1, id="f" * 1001)
+        fork = await fork_run(client, original.id, 1, input="again")
+        result = await fork.result()
+    assert result.output == "forked answer" and result.forked_from == f"{long_id}@1"
+    assert fork.id.startswith(long_id[:300]) and "-fork1-" in fork.id
+    assert len(fork.id.encode()) <= 1000
