@@ -57,6 +57,7 @@ from relaykit.testing.scripted_server import ScriptedModelServer, call, text
 from relaykit.workflows.agent_tools import _child_name
 from tests.support import history_events, scripted_model, serving
 from tests.test_approvals import eventually, make_refund_tool, waiting_for_approval
+from tests.wedge import BENIGN, cause_name
 
 EXAMPLES = int(os.environ.get("RELAYKIT_PROPERTY_EXAMPLES", "8"))
 RUN_TIMEOUT = 60.0
@@ -90,6 +91,18 @@ def _distinct(three: tuple[str, str, str]) -> tuple[str, str, str]:
     target = target if target != own else f"{target} (target)"
     helper = helper if helper not in (own, target) else f"{helper} (helper)"
     return own, target, helper
+
+
+def failed_tasks(events: list[Any]) -> list[str]:
+    """Workflow task failures other than Temporal's normal protocol (``tests/wedge.py``): a
+    child's report or result can reach a run while it completes a task (``UnhandledCommand``),
+    and the task then runs again with it in view."""
+    return [
+        name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        and (name := cause_name(e.workflow_task_failed_event_attributes.cause)) not in BENIGN
+    ]
 
 
 def _utf8(value: str) -> int:
@@ -218,7 +231,7 @@ async def test_generated_names_and_ids_never_wedge_a_run(
         described = await handle.workflow.describe()
     assert result.output == "done" and result.final_agent == target.name
     events = await history_events(handle.workflow)
-    assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events)
+    assert not failed_tasks(events)
     asked = next(m.content for m in result.transcript if m.role == "tool")
     child = child_run_id(handle.id, f"{_child_name(agent_names[2])}-1")
     if run_id_fits(child):
@@ -283,7 +296,7 @@ async def test_a_subagent_of_a_run_with_a_long_id_runs_or_is_refused_in_words(
         assert not model_server.requests(helper_model.name)
     assert result.output == "done"
     events = await history_events(handle.workflow)
-    assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events)
+    assert not failed_tasks(events)
 
 
 # --- texts an operator sends ----------------------------------------------------------------
@@ -324,7 +337,7 @@ async def test_a_text_too_long_for_a_run_is_refused_before_it_is_sent(
 
         await eventually(finished, "the run's end")
     events = await history_events(handle.workflow)
-    assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events)
+    assert not failed_tasks(events)
     assert refunds == ["L1:1"]
     said = [m for r in model_server.requests(model.name) for m in r.messages]
     assert any(m.get("content") == near for m in said)
