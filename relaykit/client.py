@@ -33,7 +33,7 @@ from relaykit.errors import (
 from relaykit.messages import Message
 from relaykit.names import slug
 from relaykit.payload_storage import with_external_storage
-from relaykit.run_ids import MAX_RUN_ID_BYTES, run_id_fits
+from relaykit.run_ids import check_run_id
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
@@ -365,11 +365,8 @@ async def start_run(
     fleet.check(priority, tenant, tenant_weight)
     if not task_queue_name(task_queue, "task_queue"):
         raise ConfigurationError("task_queue is empty", hint="name the task queue of a worker")
-    if id and not run_id_fits(id):
-        raise ConfigurationError(
-            f"the run id is {len(id.encode('utf-8', 'surrogatepass'))} bytes long",
-            hint=f"at most {MAX_RUN_ID_BYTES} (UTF-8), the Temporal server's limit",
-        )
+    if id:
+        check_run_id(id, "the run id")
     name = agent.name if isinstance(agent, Agent) else agent
     prompt = input if isinstance(input, str) else (input[-1].content if input else "")
     run_input = RunInput(

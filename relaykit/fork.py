@@ -42,10 +42,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from relaykit import fleet
 from relaykit.authors import author
 from relaykit.client import RunHandle
-from relaykit.errors import ConfigurationError, RelaykitError
+from relaykit.errors import RelaykitError
 from relaykit.messages import Message, ModelResponse
 from relaykit.models.spec import ModelRequest
-from relaykit.run_ids import MAX_RUN_ID_BYTES, run_id_fits, with_suffix
+from relaykit.run_ids import check_run_id, with_suffix
 from relaykit.runs import ForkOrigin, RunInput, RunResult
 from relaykit.search_attributes import RELAY_FORK_OF, keyword
 from relaykit.workflows.loop import AGENT_RUN_WORKFLOW, MODEL_ACTIVITY
@@ -312,12 +312,9 @@ async def fork_run(
         new_input,
         *(forked if await fleet.has_attribute(client, RELAY_FORK_OF.name) else ()),
     )
-    new_id = id or with_suffix(run_id, f"-fork{at_turn}-{uuid.uuid4().hex[:6]}")
-    if not run_id_fits(new_id):
-        raise ConfigurationError(
-            f"the fork's id is {len(new_id.encode('utf-8', 'surrogatepass'))} bytes long",
-            hint=f"at most {MAX_RUN_ID_BYTES} (UTF-8), the Temporal server's limit",
-        )
+    new_id = check_run_id(
+        id or with_suffix(run_id, f"-fork{at_turn}-{uuid.uuid4().hex[:6]}"), "the fork's id"
+    )
     handle = await client.start_workflow(
         AGENT_RUN_WORKFLOW,
         new_input,

@@ -14,12 +14,25 @@ from __future__ import annotations
 
 import hashlib
 
+from relaykit.errors import ConfigurationError
+
 MAX_RUN_ID_BYTES = 1000
 """The server's default limit on a workflow id (``limit.maxIDLength``), in UTF-8 bytes."""
 
 
 def run_id_fits(run_id: str) -> bool:
     return len(run_id.encode("utf-8", "surrogatepass")) <= MAX_RUN_ID_BYTES
+
+
+def check_run_id(run_id: str, what: str) -> str:
+    """``run_id`` if the server takes it; else one :class:`ConfigurationError` before anything
+    is sent (the server's own refusal is an ``RPCError`` in its words)."""
+    if not run_id_fits(run_id):
+        raise ConfigurationError(
+            f"{what} is {len(run_id.encode('utf-8', 'surrogatepass'))} bytes long",
+            hint=f"at most {MAX_RUN_ID_BYTES} (UTF-8), the Temporal server's limit",
+        )
+    return run_id
 
 
 def child_run_id(parent: str, segment: str) -> str:

@@ -206,7 +206,8 @@ class Worker:
         activity of the queue, and a ``models_only`` worker has nothing to poll for it."""
         queues = self.model_queues()
         for queue in queues:  # a derived name the server refuses would wedge every run
-            task_queue_name(queue, f"a model queue of this worker ({queue[:40]}…)")
+            shown = queue if len(queue) <= 40 else f"{queue[:40]}…"
+            task_queue_name(queue, f"a model queue of this worker ({shown})")
         shared = queues.pop(self.task_queue, None)
         if shared is None:
             return queues

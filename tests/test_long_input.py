@@ -205,7 +205,7 @@ def _agents(server: ScriptedModelServer, names: tuple[str, str, str]) -> tuple[A
 @example(agent_names=("a" * 3000, "target", "helper"), run_id=None)  # the default id's slug
 @example(agent_names=("main", "target", "helper"), run_id="r" * 990)  # the folder's name
 @example(agent_names=("main", "target", "helper"), run_id="r" * 1000)  # no room for a child
-@example(agent_names=("main", "target", "helper"), run_id="账" * 300)  # RelayParentRun
+@example(agent_names=("main", "target", "helper"), run_id="🙂" * 240)  # RelayParentRun: 2,882 B
 @pytest.mark.asyncio(loop_scope="session")
 async def test_generated_names_and_ids_never_wedge_a_run(
     client: Client,

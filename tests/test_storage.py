@@ -475,9 +475,12 @@ async def test_connect_and_workers_offload_to_the_configured_store_and_keep_the_
     assert worker.client.data_converter.payload_codec is codec
 
 
+@pytest.mark.parametrize("root_id", [None, "账本"])
 async def test_gc_keeps_a_closed_root_while_one_of_its_child_runs_still_runs(
-    client: Client, model_server: ScriptedModelServer, tmp_path: Path
+    client: Client, model_server: ScriptedModelServer, tmp_path: Path, root_id: str | None
 ) -> None:
+    # A non-ASCII root id: the children's query once wrote it with json.dumps, whose \u escapes
+    # the server compares as written, and found no running child.
     from datetime import timedelta
 
     from relaykit.retention import collect_garbage
@@ -491,7 +494,8 @@ async def test_gc_keeps_a_closed_root_while_one_of_its_child_runs_still_runs(
     agent = Agent(name="rooted", model=model)
     store = Store(tmp_path / "store")
     async with serving(client, agent, store=store) as worker:
-        root = await start_run(client, agent, "root", task_queue=worker.task_queue)
+        own_id = f"{root_id}-{uuid.uuid4().hex[:8]}" if root_id else None
+        root = await start_run(client, agent, "root", task_queue=worker.task_queue, id=own_id)
         await root.result()
         # A detached child (named <root>/<call>, like a background subagent) outlives its root.
         child = await start_run(
