@@ -7,6 +7,8 @@ name below, so a client can tell a budget stop from a model failure without impo
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class RelaykitError(Exception):
     """Base class of every relaykit error."""
@@ -39,6 +41,24 @@ class ApprovalNotWaiting(RelaykitError, ValueError):
 class TextTooLong(RelaykitError, ValueError):
     """A message, steer, resume text or approval reason too long to send to a run: nothing was
     sent (:data:`relaykit.client.MAX_TEXT_BYTES`)."""
+
+
+MAX_DETAIL_CHARS = 1_000
+
+
+def error_detail(exc: BaseException, limit: int = MAX_DETAIL_CHARS) -> str:
+    """What is wrong with a value that did not decode, on one line and at most ``limit``
+    characters: it goes into a run's failure, a report line or a terminal. pydantic's errors
+    read ``field.path: message`` (the first ten, without their links); others ``Type: message``."""
+    if isinstance(exc, ValidationError):
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'input'}: {err['msg']}"
+            for err in exc.errors(include_url=False)[:10]
+        )
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    detail = " ".join(detail.split())
+    return detail if len(detail) <= limit else detail[: limit - 1] + "…"
 
 
 # Error type names used in ApplicationError.type (stable: clients match on them).

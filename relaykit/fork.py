@@ -42,7 +42,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from relaykit import fleet
 from relaykit.authors import author
 from relaykit.client import RunHandle
-from relaykit.errors import RelaykitError
+from relaykit.errors import RelaykitError, error_detail
 from relaykit.messages import Message, ModelResponse
 from relaykit.models.spec import ModelRequest
 from relaykit.run_ids import check_run_id, with_suffix
@@ -196,8 +196,20 @@ async def turns_of_histories(
 ) -> RunTurns:
     """A run's turns from the histories of its continue-as-new chain, first run first (read
     from Temporal, or from files ``temporal workflow show -o json`` wrote)."""
+
+    async def decode(payloads: Any, kind: type, what: str) -> Any:
+        try:
+            [value] = await convert.decode(payloads, [kind])
+        except Exception as exc:  # recorded by another release, or written by hand
+            raise ForkError(
+                f"run {run_id!r}: its recorded {what} cannot be read by this relaykit "
+                f"({error_detail(exc, 300)})",
+                hint="read the run with the release that recorded it",
+            ) from exc
+        return value
+
     started = histories[0][0].workflow_execution_started_event_attributes
-    [first_input] = await convert.decode(started.input.payloads, [RunInput])
+    first_input = await decode(started.input.payloads, RunInput, "input")
     calls: list[_ModelCall] = []
     for events in histories:
         by_event: dict[int, _ModelCall] = {}
@@ -206,8 +218,8 @@ async def turns_of_histories(
                 attrs = event.activity_task_scheduled_event_attributes
                 if attrs.activity_type.name != MODEL_ACTIVITY:
                     continue
-                [request] = await convert.decode(attrs.input.payloads, [ModelRequest])
-                [label] = await convert.decode([event.user_metadata.summary], [str])
+                request = await decode(attrs.input.payloads, ModelRequest, "model request")
+                label = await decode([event.user_metadata.summary], str, "model call summary")
                 call = _model_call(label, request, run_id)
                 by_event[event.event_id] = call
                 calls.append(call)
@@ -215,7 +227,9 @@ async def turns_of_histories(
                 attrs = event.activity_task_completed_event_attributes
                 done = by_event.get(attrs.scheduled_event_id)
                 if done is not None:
-                    [done.response] = await convert.decode(attrs.result.payloads, [ModelResponse])
+                    done.response = await decode(
+                        attrs.result.payloads, ModelResponse, "model response"
+                    )
             elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
                 attrs = event.activity_task_cancel_requested_event_attributes
                 cancelled = by_event.get(attrs.scheduled_event_id)

@@ -526,3 +526,24 @@ async def test_a_run_replays_on_a_worker_configured_the_other_way(
         other.search_attributes = other.event_groups = not recorded_on
         result = await _replay_on(other, history)
         assert result.replay_failure is None, (recorded_on, result.replay_failure)
+
+
+def test_a_value_that_does_not_decode_is_described_on_one_bounded_line() -> None:
+    # What a run's failure, an evaluation's skipped line and `relaykit fork` say about a
+    # recorded value this release cannot read (relaykit.errors.error_detail).
+    from pydantic import ValidationError
+
+    from relaykit.errors import error_detail
+    from relaykit.runs import RunInput
+
+    try:
+        RunInput.model_validate({"agent": "a", "budget": {"max_requests": -1, "max_usd": "x"}})
+    except ValidationError as exc:
+        detail = error_detail(exc)
+    assert detail == (
+        "budget.max_requests: Input should be greater than or equal to 0; "
+        "budget.max_usd: Input should be a valid number, unable to parse string as a number"
+    )
+    assert error_detail(ValueError("line one\nline two")) == "ValueError: line one line two"
+    cut = error_detail(ValueError("x" * 5_000), 100)
+    assert len(cut) == 100 and cut.endswith("…")

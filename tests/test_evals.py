@@ -282,6 +282,50 @@ async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
     assert verdicts == {ids[0]: "failed", ids[1]: "passed"}
 
 
+async def test_a_history_file_whose_input_this_release_refuses_is_skipped_in_one_line(
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # A file from another release (or edited by hand) whose recorded input today's models
+    # refuse: that run is skipped, saying which part and why, and the others are evaluated.
+    import base64
+
+    ids = await record_triage(client, model_server, range(1, 3))
+    folder = tmp_path / "histories"
+    folder.mkdir()
+    for run_id in ids:
+        show = ["workflow", "show", "-o", "json", "-w", run_id]
+        shown = subprocess.run(
+            [find_temporal_cli(), *show, "--address", temporal_server.address],
+            capture_output=True,
+            check=True,
+        )
+        document = json.loads(shown.stdout)
+        if run_id == ids[0]:
+            started = document["events"][0]["workflowExecutionStartedEventAttributes"]
+            payload = started["input"]["payloads"][0]
+            recorded = json.loads(base64.b64decode(payload["data"]))
+            recorded["budget"] = {"max_requests": -1}
+            payload["data"] = base64.b64encode(json.dumps(recorded).encode()).decode()
+        (folder / f"{run_id}.json").write_text(json.dumps(document))
+    model = scripted_model(model_server)
+    model_server.respond(model.name, candidate_model(diverging=set()))
+    sources = await select_runs(client, histories=str(folder))
+    report = await evaluate(
+        client,
+        [triage_agent(model)],
+        sources,
+        eval_id=f"eval-{uuid.uuid4().hex[:8]}",
+        transcript_dir=transcript_dir(),
+    )
+    runs = {Path(r.recorded_run).stem: r for r in report.runs}
+    assert runs[ids[1]].verdict == "passed"
+    skipped = runs[ids[0]]
+    assert skipped.verdict == "skipped" and "\n" not in skipped.reason
+    assert "its recorded input cannot be read by this relaykit (budget.max_requests: " in (
+        skipped.reason
+    )
+
+
 # --- the command, a real worker process, SIGKILL ------------------------------------------------
 
 

@@ -324,3 +324,34 @@ async def test_a_fork_of_a_run_with_a_long_id_gets_an_id_that_fits(
     assert result.output == "forked answer" and result.forked_from == f"{long_id}@1"
     assert fork.id.startswith(long_id[:300]) and "-fork1-" in fork.id
     assert len(fork.id.encode()) <= 1000
+
+
+async def test_a_run_whose_recorded_input_this_release_refuses_is_one_clear_error(
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer
+) -> None:
+    # A run started by another client with a budget today's Budget refuses (a negative request
+    # limit): it failed at its first task. Forking it said nothing but pydantic's traceback.
+    from temporalio.client import WorkflowFailureError
+
+    from relaykit.workflows.loop import AGENT_RUN_WORKFLOW
+
+    agent = Agent(name="refused_input", model=scripted_model(model_server))
+    run_id = f"refused-{uuid.uuid4().hex[:8]}"
+    async with serving(client, agent) as worker:
+        handle = await client.start_workflow(
+            AGENT_RUN_WORKFLOW,
+            {"agent": agent.name, "input": "hi", "budget": {"max_requests": -1}},
+            id=run_id,
+            task_queue=worker.task_queue,
+        )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    with pytest.raises(
+        ForkError,
+        match=r"its recorded input cannot be read by this relaykit "
+        r"\(budget\.max_requests: Input should be greater than or equal to 0\)",
+    ):
+        await fork_run(client, run_id, 1)
+    code, out, err = await cli("fork", run_id, "--at-turn", "1", address=temporal_server.address)
+    assert code != 0 and out == "" and "Traceback" not in err
+    assert "its recorded input cannot be read" in err and len(err.strip().splitlines()) == 1

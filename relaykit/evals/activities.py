@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
 from relaykit.activities.heartbeats import attempt_beats
+from relaykit.errors import error_detail
 from relaykit.eval_context import EvalCall
 from relaykit.evals.compare import Scorer, score_run
 from relaykit.evals.models import (
@@ -36,6 +37,7 @@ from relaykit.evals.recording import (
     read_history_file,
     read_recorded,
 )
+from relaykit.fork import ForkError
 from relaykit.graph import AgentGraph
 from relaykit.runs import RunInput, RunResult
 
@@ -71,7 +73,9 @@ class EvalActivities:
                 run_id=source.label,
                 agent="",
                 input=RunInput(agent=""),
-                problem=f"its history cannot be read: {type(exc).__name__}: {exc}",
+                problem=str(exc)
+                if isinstance(exc, ForkError)  # says which part, in words
+                else f"its history cannot be read: {error_detail(exc)}",
             )
         known = self.graph.agents if self.graph is not None else {}
         if recorded.problem is None and recorded.agent not in known:

@@ -13,7 +13,6 @@ import asyncio
 import json
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, SearchAttributeUpdate
@@ -363,15 +362,7 @@ def _parse_input(raw: RawValue) -> tuple[RunInput, str | None]:
     try:
         run_input = workflow.payload_converter().from_payload(raw.payload, RunInput)
     except Exception as exc:  # noqa: BLE001 - whatever a client sent, the run must end, not hang
-        if isinstance(exc, ValidationError):
-            detail = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'input'}: {err['msg']}"
-                for err in exc.errors(include_url=False)[:10]
-            )
-        else:
-            detail = f"{type(exc).__name__}: {exc}"
-        if len(detail) > 1_000:
-            detail = detail[:999] + "…"
+        detail = errors.error_detail(exc)
         message = (
             f"the input is not a valid AgentRun input: {detail} (expected a JSON object such as "
             '{"agent": "triage", "input": "…"}; see relaykit.RunInput)'
