@@ -377,6 +377,14 @@ class SpendState(BaseModel):
     """The parent's last answer: ``grant``, ``finish`` or ``fail``."""
     resume_status: str | None = None
     """The status to go back to when the run stops waiting for money."""
+    recorded_stops: bool = False
+    """Recorded at the start: each call the budget stops is recorded, and a replay follows the
+    record, never today's estimate (which a deploy's instructions or tools change); ``False``
+    for runs started before."""
+    decided: int = 0
+    """Calls the budget has decided so far (numbers their records)."""
+    stops: int = 0
+    """Of those, the ones it stopped."""
     paused_for_children: bool = False
     """The run waits at its limit because its children's asks do not fit (not its own call)."""
 

@@ -414,3 +414,100 @@ def test_a_negative_or_not_finite_limit_is_refused_when_the_budget_is_built(
     # ("request budget exceeded: 1 > -1"), paying for a call it could never use.
     with pytest.raises(pydantic.ValidationError, match=r"greater than or equal to 0|finite number"):
         Budget(**limits)
+
+
+def replays_under(history: Any, agent: Agent, queue: str) -> Any:
+    """Replay ``history`` on a worker whose only agent is ``agent`` (today's definition)."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from relaykit import registry
+    from relaykit.graph import AgentGraph
+    from relaykit.sandbox import sandbox_runner
+    from relaykit.workflows.agent_run import AgentRun
+
+    async def replay() -> Any:
+        graph = AgentGraph.build([agent])
+        registry.register(f"replay-{queue}", graph)
+        try:
+            replayer = Replayer(
+                workflows=[AgentRun],
+                data_converter=pydantic_data_converter,
+                workflow_runner=sandbox_runner(),
+                build_id=queue,
+            )
+            return await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        finally:
+            registry.unregister(f"replay-{queue}", graph)
+
+    return replay()
+
+
+LONG_INSTRUCTIONS = "Check every entry twice before you answer. " * 700
+"""About 30 kB: 15,000 tokens by the budget's estimate, $0.015 at a dollar per million."""
+
+
+@pytest.mark.parametrize("recorded_long", [False, True], ids=["went-ahead", "stopped"])
+async def test_a_deploy_that_changes_the_instructions_replays_each_budget_decision_as_made(
+    client: Client, model_server: ScriptedModelServer, recorded_long: bool
+) -> None:
+    # A call's estimate counts the instructions it sends, which come from today's definition.
+    # A run that went ahead under short instructions would be stopped at its limit by the same
+    # estimate under long ones, and one that stopped under long ones would go ahead under short:
+    # either way its replay after such a deploy no longer matched its history (found by
+    # bench.chaos, seed 1086: a nondeterminism error at every attempt after the deploy).
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(100, call("look", topic="a")), text("done")])
+    short, long = "Use the tools, then answer.", LONG_INSTRUCTIONS
+    recorded = Agent(
+        name="deployed-budget",
+        instructions=long if recorded_long else short,
+        model=model,
+        tools=[look],
+        model_settings=SMALL,
+    )
+    async with serving(client, recorded) as worker:
+        handle = await start_run(
+            client, recorded, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.012)
+        )
+        if recorded_long:  # $0.015 of instructions do not fit: it waits for a person
+            await wait_for_status(handle, "budget_reached")
+            await handle.set_budget(raise_by=0.05, by="ana")
+        assert (await handle.result()).output == "done"
+        history = await handle.workflow.fetch_history()
+        events = [e.kind for e in await handle.events()]
+    assert events.count("budget_reached") == (1 if recorded_long else 0)
+    today = dataclasses.replace(recorded, instructions=short if recorded_long else long)
+    replayed = await replays_under(history, today, "deployed-budget")
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_a_later_call_the_budget_stops_is_recorded_by_a_marker_and_replays_from_it(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The first call's decision is recorded with the run's prices (a local activity); a later
+    # stop writes the marker relaykit.budget-stop.<decision>, and nothing is written for a call
+    # that goes ahead.
+    from temporalio.api.enums.v1 import EventType
+
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(9000, call("look", topic="a")), text("done")])
+    agent = Agent(name="later-stop", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.012)
+        )
+        await wait_for_status(handle, "budget_reached")
+        await handle.set_budget(raise_by=0.05, by="ana")
+        assert (await handle.result()).output == "done"
+        history = await handle.workflow.fetch_history()
+    markers = [
+        e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    stops = [m for m in markers if b"relaykit.budget-stop" in m]
+    assert len(stops) == 1 and b'"relaykit.budget-stop.1"' in stops[0]
+    replayed = await replays_under(history, agent, "later-stop")
+    assert replayed.replay_failure is None, replayed.replay_failure

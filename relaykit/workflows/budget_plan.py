@@ -55,6 +55,19 @@ GRANTS_CHOICE = "relaykit.budget-grants"
 this run's children ask it, and it asks its own parent (``SpendState.grants``); runs recorded
 before read it back absent."""
 
+STOPS_CHOICE = "relaykit.budget-stops"
+"""Recorded with the prices at a run's start: the run records each call the budget stops
+(``SpendState.recorded_stops``, :meth:`relaykit.workflows.spend.Spend.fitted`); runs recorded
+before read it back absent and replay their stops from the estimate, as they did."""
+STOP_MARKER = "relaykit.budget-stop"
+"""``<STOP_MARKER>.<n>``: the patch marker of a stopped call, the run's ``n``-th decided (from
+0; one id per decision: the SDK remembers a ``patched`` answer per id)."""
+STOP_MARKER_BOUND = 16
+"""Stops recorded by a marker; later ones by the recorded decisions' local activity, so that
+``TemporalChangeVersion`` (every patch id a run used, in one 2 kB search attribute) stays small."""
+STOP, GO = "relaykit.budget.stop", "relaykit.budget.go"
+"""What the local activity records for a call past the markers' bound."""
+
 Prices = dict[str, list[float]]
 
 
@@ -78,19 +91,21 @@ def planned_prices(run: Run) -> list[str]:
             row = None if price is None else [price.input, price.cached_input, price.output]
             planned.append(json.dumps([label, row]))
     planned.append(json.dumps([GRANTS_CHOICE, None]))
+    planned.append(json.dumps([STOPS_CHOICE, None]))
     return planned
 
 
-def read_prices(recorded: list[str]) -> tuple[Prices, list[str], bool]:
+def read_prices(recorded: list[str]) -> tuple[Prices, list[str], set[str]]:
     """The recorded prices (per label: input, cached input, output), the labels without one
-    (priced at zero), and whether the run grants (recorded since :data:`GRANTS_CHOICE`)."""
+    (priced at zero), and the choices recorded with them (:data:`GRANTS_CHOICE`,
+    :data:`STOPS_CHOICE`; runs recorded before a choice lack it)."""
     prices: Prices = {}
     unpriced: list[str] = []
-    grants = False  # runs recorded before the choice
+    choices: set[str] = set()
     for code in recorded:
         label, row = json.loads(code)
-        if label == GRANTS_CHOICE:
-            grants = True
+        if label in (GRANTS_CHOICE, STOPS_CHOICE):
+            choices.add(label)
             continue
         if row is None:
             unpriced.append(label)
@@ -98,7 +113,7 @@ def read_prices(recorded: list[str]) -> tuple[Prices, list[str], bool]:
         p_in, p_cached, p_out = (float(v) if v is not None else None for v in row)
         assert p_in is not None and p_out is not None
         prices[label] = [p_in, p_in if p_cached is None else p_cached, p_out]
-    return prices, unpriced, grants
+    return prices, unpriced, choices
 
 
 def reachable_models(run: Run) -> dict[str, Any]:

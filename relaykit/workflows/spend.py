@@ -65,7 +65,7 @@ class Spend:
             result_type=list[str],
             start_to_close_timeout=timedelta(seconds=10),
         )
-        prices, unpriced, grants = plan.read_prices(recorded)
+        prices, unpriced, choices = plan.read_prices(recorded)
         if unpriced and budget.unpriced != "free":
             run.fail(
                 f"this run has a dollar limit ({usd(budget.max_usd)}) but no price is known for "
@@ -77,7 +77,8 @@ class Spend:
             limit=budget.max_usd,
             finish_reserve=budget.max_usd * budget.finish_reserve,
             prices=prices,
-            grants=grants,
+            grants=plan.GRANTS_CHOICE in choices,
+            recorded_stops=plan.STOPS_CHOICE in choices,
         )
 
     # --- before each call ---------------------------------------------------------------------
@@ -96,7 +97,7 @@ class Spend:
             return request
         while True:
             if s.phase == "finishing":  # the last call: no tools, the reserve too
-                fitted = self.fit(request, self.available(), plan.MIN_FINAL_OUTPUT)
+                fitted = await self.fitted(request, self.available(), plan.MIN_FINAL_OUTPUT)
                 if fitted is None:
                     return self._fail(request)
                 s.phase = "finished"
@@ -105,7 +106,7 @@ class Spend:
                 )
             if s.phase != "reached":  # (waiting at the limit: for a person or children's asks)
                 room = self.available() - s.finish_reserve
-                fitted = self.fit(request, room, plan.MIN_OUTPUT)
+                fitted = await self.fitted(request, room, plan.MIN_OUTPUT)
                 if fitted is not None:
                     return fitted
                 if self.asks_parent():
@@ -118,6 +119,42 @@ class Spend:
                         s.phase = "finishing"
                     continue
             await self._at_limit(request)
+
+    async def fitted(self, request: ModelRequest, room: float, floor: int) -> ModelRequest | None:
+        """:meth:`fit`, as the run decided it: a call the estimate stops is recorded, and a
+        replay follows the record. The estimate counts the instructions and tool schemas a call
+        sends, which come from today's definitions: replayed after a deploy that changed them,
+        a call that went ahead could be stopped (or the reverse), and the run's commands would
+        no longer match its history. Runs started before (``recorded_stops`` off) estimate."""
+        s = self.state
+        assert s is not None
+        fit = self.fit(request, room, floor)
+        if not s.recorded_stops:
+            return fit
+        s.decided += 1
+        # The first decision follows the prices' local activity, whose result a replay reads
+        # back within the workflow task that asked for it, where the run first ran on in the
+        # next: a marker written there is not found in the same task on replay. It is recorded
+        # by a local activity too.
+        if s.decided > 1 and s.stops < plan.STOP_MARKER_BOUND:
+            marker = f"{plan.STOP_MARKER}.{s.decided - 1}"
+            if workflow.unsafe.is_replaying():
+                stopped = workflow.patched(marker)  # found in history only if it stopped
+            else:
+                stopped = fit is None and workflow.patched(marker)  # writes the marker
+        else:
+            decided: list[str] = await workflow.execute_local_activity(
+                RECORD_DECISIONS_ACTIVITY,
+                [plan.STOP if fit is None else plan.GO],
+                result_type=list[str],
+                start_to_close_timeout=timedelta(seconds=10),
+            )
+            stopped = decided == [plan.STOP]
+        if stopped:
+            s.stops += 1
+            return None
+        # It went ahead: the activity's input is in history, and a replay does not send it.
+        return fit if fit is not None else request
 
     def fit(self, request: ModelRequest, room: float, floor: int) -> ModelRequest | None:
         """``request`` with the output limit ``room`` dollars pay for, or ``None``."""
