@@ -144,7 +144,7 @@ class Outcome:
             *(f"  repeated write: {r}" for r in self.repeated_writes),
             *(f"  violation: {v}" for v in self.violations),
             *(f"  note: {n}" for n in self.notes),
-            f"  worker logs: {self.workdir}",
+            f"  worker logs (and the histories of wedged runs): {self.workdir}",
             f"  reproduce: {reproduce_command(self.seed)}",
         ]
         return "\n".join(lines)
@@ -568,6 +568,8 @@ class Driver:
             tree = await checks.workflow_tree(self.client, run.handle.id, None)
             wedges, benign = checks.task_failures(tree)
             self.out.wedges += wedges
+            if wedges:  # replayable with Temporal's Replayer, beside the worker logs
+                checks.save_failed_histories(tree, Path(self.out.workdir))
             self.out.benign_task_failures += benign
             await self.check_operator_events(run, tree)
             if self.plan.max_usd:

@@ -5,11 +5,14 @@ and the file every write appends its start to."""
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import History
 from temporalio.client import Client
 
 from bench.chaos_model import (
@@ -80,6 +83,18 @@ def task_failures(tree: Iterable[Any]) -> tuple[list[str], list[str]]:
             line = f"{wid} event {e.event_id}: {cause}: {message[:300]}"
             (benign if cause in BENIGN_TASK_FAILURES else wedges).append(line)
     return wedges, benign
+
+
+def save_failed_histories(tree: Iterable[Any], folder: Path) -> None:
+    """Each workflow run of the tree with a failed workflow task, as ``history-<n>.json``
+    (the format ``temporal workflow show -o json`` writes, with the workflow id added, which
+    ``WorkflowHistory.from_json`` and ``relaykit replay-check --histories`` read)."""
+    for n, (wid, _rid, events) in enumerate(tree):
+        if any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events):
+            history = History(events=list(events))
+            (folder / f"history-{n}.json").write_text(
+                json.dumps({"workflow_id": wid, **MessageToDict(history)})
+            )
 
 
 # --- writes --------------------------------------------------------------------------------------
