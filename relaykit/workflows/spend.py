@@ -97,7 +97,7 @@ class Spend:
             return request
         while True:
             if s.phase == "finishing":  # the last call: no tools, the reserve too
-                fitted = await self.fitted(request, self.available(), plan.MIN_FINAL_OUTPUT)
+                fitted = await self.fitted(request, 0.0, plan.MIN_FINAL_OUTPUT)
                 if fitted is None:
                     return self._fail(request)
                 s.phase = "finished"
@@ -106,7 +106,7 @@ class Spend:
                 )
             if s.phase != "reached":  # (waiting at the limit: for a person or children's asks)
                 room = self.available() - s.finish_reserve
-                fitted = await self.fitted(request, room, plan.MIN_OUTPUT)
+                fitted = await self.fitted(request, s.finish_reserve, plan.MIN_OUTPUT)
                 if fitted is not None:
                     return fitted
                 if self.asks_parent():
@@ -120,7 +120,9 @@ class Spend:
                     continue
             await self._at_limit(request)
 
-    async def fitted(self, request: ModelRequest, room: float, floor: int) -> ModelRequest | None:
+    async def fitted(
+        self, request: ModelRequest, reserve: float, floor: int
+    ) -> ModelRequest | None:
         """:meth:`fit`, as the run decided it: a call the estimate stops is recorded, and a
         replay follows the record. The estimate counts the instructions and tool schemas a call
         sends, which come from today's definitions: replayed after a deploy that changed them,
@@ -128,7 +130,7 @@ class Spend:
         no longer match its history. Runs started before (``recorded_stops`` off) estimate."""
         s = self.state
         assert s is not None
-        fit = self.fit(request, room, floor)
+        fit = self.fit(request, self.available() - reserve, floor)
         if not s.recorded_stops:
             return fit
         s.decided += 1
@@ -150,6 +152,9 @@ class Spend:
                 start_to_close_timeout=timedelta(seconds=10),
             )
             stopped = decided == [plan.STOP]
+            if not stopped:  # what remains may have changed while it was recorded (a person,
+                # a child's ask): the output limit is what remains now pays for, if anything
+                fit = self.fit(request, self.available() - reserve, 1) or fit
         if stopped:
             s.stops += 1
             return None
