@@ -68,6 +68,8 @@ class Settings:
     floor_http: bool = False
     """The floor's model activity makes relaykit's HTTP call (``bench.floor``): a reference for
     what the model call itself costs, not the targets' floor."""
+    server_args: tuple[str, ...] = ()
+    """More ``temporal server start-dev`` arguments (``bench.server_work``: ``--metrics-port``)."""
     floor_extra: str = ""
     """One kind of command the floor's approval workflow adds before its wait
     (``bench.floor.APPROVAL_EXTRAS``; empty: none)."""
@@ -355,7 +357,9 @@ async def standalone_bench(
          "--response-bytes", str(settings.response_bytes)],
     )
     try:
-        async with DevServer(port=0, headless=True, in_memory=True) as server:
+        async with DevServer(
+            port=0, headless=True, in_memory=True, extra_args=settings.server_args
+        ) as server:
             server_pid = next((pid for pid, what in children_of() if what == "temporal"), None)
             model.start()
             client = await Client.connect(
