@@ -365,14 +365,6 @@ async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_today
     # Replayed under a price a hundred times higher, the run would decide to wait at its limit
     # before its second call; it replays as it ran because the prices it planned with are in
     # its history.
-    from temporalio.contrib.pydantic import pydantic_data_converter
-    from temporalio.worker import Replayer
-
-    from relaykit import registry
-    from relaykit.graph import AgentGraph
-    from relaykit.sandbox import sandbox_runner
-    from relaykit.workflows.agent_run import AgentRun
-
     model = priced_model(model_server)
     model_server.script(model.name, [spend(2000, call("look", topic="a")), text("done")])
     agent = Agent(name="replayed-budget", model=model, tools=[look], model_settings=SMALL)
@@ -383,18 +375,9 @@ async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_today
         assert (await handle.result()).output == "done"
         history = await handle.workflow.fetch_history()
     dearer = model.model_copy(update={"price": Price(input=100.0, output=100.0)})
-    graph = AgentGraph.build([Agent(name=agent.name, model=dearer, tools=[look])])
-    registry.register("replay-budget-check", graph)
-    try:
-        replayer = Replayer(
-            workflows=[AgentRun],
-            data_converter=pydantic_data_converter,
-            workflow_runner=sandbox_runner(),
-            build_id="budget-check",
-        )
-        await replayer.replay_workflow(history)
-    finally:
-        registry.unregister("replay-budget-check", graph)
+    today = Agent(name=agent.name, model=dearer, tools=[look])
+    replayed = await replays_under(history, today, "budget-check")
+    assert replayed.replay_failure is None, replayed.replay_failure
 
 
 @pytest.mark.parametrize(

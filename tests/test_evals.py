@@ -253,14 +253,10 @@ async def test_runs_the_candidate_lacks_an_agent_for_or_that_do_not_exist_are_sk
     assert report.totals.skipped == 2 and report.totals.failed == 0
 
 
-async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
-    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer, tmp_path: Path
-) -> None:
-    # Files `temporal workflow show -o json` wrote: each one a recorded run, named after it.
-    ids = await record_triage(client, model_server, range(1, 3))
-    folder = tmp_path / "histories"
+def history_files(temporal_server: DevServer, run_ids: list[str], folder: Path) -> Path:
+    """``folder`` with a file per run, as ``temporal workflow show -o json`` writes it."""
     folder.mkdir()
-    for run_id in ids:
+    for run_id in run_ids:
         show = ["workflow", "show", "-o", "json", "-w", run_id]
         shown = subprocess.run(
             [find_temporal_cli(), *show, "--address", temporal_server.address],
@@ -268,6 +264,15 @@ async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
             check=True,
         )
         (folder / f"{run_id}.json").write_bytes(shown.stdout)
+    return folder
+
+
+async def test_runs_from_history_files_are_evaluated_like_runs_on_the_server(
+    client: Client, model_server: ScriptedModelServer, temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # Files `temporal workflow show -o json` wrote: each one a recorded run, named after it.
+    ids = await record_triage(client, model_server, range(1, 3))
+    folder = history_files(temporal_server, ids, tmp_path / "histories")
     model = scripted_model(model_server)
     model_server.respond(model.name, candidate_model(diverging={1}))
     sources = await select_runs(client, histories=str(folder))
@@ -290,23 +295,15 @@ async def test_a_history_file_whose_input_this_release_refuses_is_skipped_in_one
     import base64
 
     ids = await record_triage(client, model_server, range(1, 3))
-    folder = tmp_path / "histories"
-    folder.mkdir()
-    for run_id in ids:
-        show = ["workflow", "show", "-o", "json", "-w", run_id]
-        shown = subprocess.run(
-            [find_temporal_cli(), *show, "--address", temporal_server.address],
-            capture_output=True,
-            check=True,
-        )
-        document = json.loads(shown.stdout)
-        if run_id == ids[0]:
-            started = document["events"][0]["workflowExecutionStartedEventAttributes"]
-            payload = started["input"]["payloads"][0]
-            recorded = json.loads(base64.b64decode(payload["data"]))
-            recorded["budget"] = {"max_requests": -1}
-            payload["data"] = base64.b64encode(json.dumps(recorded).encode()).decode()
-        (folder / f"{run_id}.json").write_text(json.dumps(document))
+    folder = history_files(temporal_server, ids, tmp_path / "histories")
+    edited = folder / f"{ids[0]}.json"
+    document = json.loads(edited.read_text())
+    started = document["events"][0]["workflowExecutionStartedEventAttributes"]
+    payload = started["input"]["payloads"][0]
+    recorded = json.loads(base64.b64decode(payload["data"]))
+    recorded["budget"] = {"max_requests": -1}
+    payload["data"] = base64.b64encode(json.dumps(recorded).encode()).decode()
+    edited.write_text(json.dumps(document))
     model = scripted_model(model_server)
     model_server.respond(model.name, candidate_model(diverging=set()))
     sources = await select_runs(client, histories=str(folder))
