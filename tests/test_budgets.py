@@ -494,3 +494,19 @@ async def test_a_later_call_the_budget_stops_is_recorded_by_a_marker_and_replays
     assert len(stops) == 1 and b'"relaykit.budget-stop.1"' in stops[0]
     replayed = await replays_under(history, agent, "later-stop")
     assert replayed.replay_failure is None, replayed.replay_failure
+
+
+def test_the_stops_choice_is_recorded_inside_the_grants_entry() -> None:
+    # Releases before it skip the grants entry whatever its value; an entry of its own would
+    # read to them as a model without a price, and fail the run on their replay of it.
+    from relaykit.workflows import budget_plan as plan
+
+    model = json.dumps(["m", [1.0, None, 1.0]])
+    now = [model, json.dumps([plan.GRANTS_CHOICE, [plan.STOPS_CHOICE]])]
+    before = [model, json.dumps([plan.GRANTS_CHOICE, None])]
+    assert plan.read_prices(now) == (
+        {"m": [1.0, 1.0, 1.0]},
+        [],
+        {plan.GRANTS_CHOICE, plan.STOPS_CHOICE},
+    )
+    assert plan.read_prices(before)[1:] == ([], {plan.GRANTS_CHOICE})

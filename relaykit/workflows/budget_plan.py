@@ -56,9 +56,11 @@ this run's children ask it, and it asks its own parent (``SpendState.grants``); 
 before read it back absent."""
 
 STOPS_CHOICE = "relaykit.budget-stops"
-"""Recorded with the prices at a run's start: the run records each call the budget stops
-(``SpendState.recorded_stops``, :meth:`relaykit.workflows.spend.Spend.fitted`); runs recorded
-before read it back absent and replay their stops from the estimate, as they did."""
+"""Recorded with the prices at a run's start, inside the :data:`GRANTS_CHOICE` entry (whose
+value releases before it ignore, where an entry of its own would read as a model without a
+price): the run records each call the budget stops (``SpendState.recorded_stops``,
+:meth:`relaykit.workflows.spend.Spend.fitted`); runs recorded before read it back absent and
+replay their stops from the estimate, as they did."""
 STOP_MARKER = "relaykit.budget-stop"
 """``<STOP_MARKER>.<n>``: the patch marker of a stopped call, the run's ``n``-th decided (from
 0; one id per decision: the SDK remembers a ``patched`` answer per id)."""
@@ -90,8 +92,7 @@ def planned_prices(run: Run) -> list[str]:
             price, _source = price_of(spec, at=workflow.now())
             row = None if price is None else [price.input, price.cached_input, price.output]
             planned.append(json.dumps([label, row]))
-    planned.append(json.dumps([GRANTS_CHOICE, None]))
-    planned.append(json.dumps([STOPS_CHOICE, None]))
+    planned.append(json.dumps([GRANTS_CHOICE, [STOPS_CHOICE]]))
     return planned
 
 
@@ -104,8 +105,9 @@ def read_prices(recorded: list[str]) -> tuple[Prices, list[str], set[str]]:
     choices: set[str] = set()
     for code in recorded:
         label, row = json.loads(code)
-        if label in (GRANTS_CHOICE, STOPS_CHOICE):
+        if label == GRANTS_CHOICE:
             choices.add(label)
+            choices.update(row if isinstance(row, list) and row == [STOPS_CHOICE] else ())
             continue
         if row is None:
             unpriced.append(label)
