@@ -2,25 +2,23 @@
 cost is decided by the model activity that made it, :mod:`relaykit.pricing`). docs/budgets.md
 says it for users; the arithmetic and the messages are :mod:`relaykit.workflows.budget_plan`.
 
-- **Prices**, recorded once at the run's first workflow task (the ``relaykit.record_decisions``
-  local activity), so a replay plans with them whatever today's table says.
+- **Prices**, recorded at the run's start (a local activity): a replay plans with those.
 - **Each call's worst case** must fit what remains (the limit, less what was spent, what
   children hold and the reserve kept for a last answer); its output is cut to what that pays.
-- **A fan-out** is given a reservation (``Budget.child_share`` of what remains), counted as
-  spent by the parent until the child ends and its real cost replaces it.
+  Whether it fit is recorded (:mod:`relaykit.workflows.budget_stops`).
+- **A fan-out** is given a reservation (``Budget.child_share`` of what remains), spent by the
+  parent until the child ends; runs that recorded ``GRANTS_CHOICE`` ask and grant in a tree.
 - **At the limit**, ``Budget.on_limit``: ``"pause"`` waits in ``budget_reached`` (no timer, no
   activity) for a person (the ``set_budget`` update); ``"finish"`` makes one last call without
   tools, paid from the reserve; ``"fail"`` ends the run with ``BudgetExceeded``.
 - **The tree**: a child at its reservation asks its parent, which grants from what it has left
   (the grant counts as reserved by it) or is at its own limit: a child asks its own parent in
   turn, a root applies its ``on_limit`` (``"pause"``: the whole tree waits for a person).
-  Asks are answered one at a time in signal handlers, in the order they came, so children
-  asking at once never overspend together. A parent that has ended, or never takes the ask,
-  leaves the child its last call.
+  Asks are answered one at a time, in the order they came, so children asking at once never
+  overspend together; a parent that ended or never takes the ask leaves the child its last call.
 
-All of it is ``RunState.spend``, which continue-as-new carries (asks not answered too). Runs
-before ``relaykit.run-setup.v3`` never come here; runs that did not record ``GRANTS_CHOICE``
-(``SpendState.grants``) neither ask nor grant. Workflow code: deterministic, no I/O.
+All of it is ``RunState.spend``, which continue-as-new carries. Runs before
+``relaykit.run-setup.v3`` never come here. Workflow code: deterministic, no I/O.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from relaykit.agent import Budget
 from relaykit.models.spec import ModelRequest
 from relaykit.runs import RECORD_DECISIONS_ACTIVITY, BudgetAnswer, BudgetAsk, SpendState
 from relaykit.workflows import budget_plan as plan
+from relaykit.workflows import budget_stops
 from relaykit.workflows.budget_plan import ASK_TIMEOUT, usd
 from relaykit.workflows.run_state import Run
 
@@ -97,7 +96,7 @@ class Spend:
             return request
         while True:
             if s.phase == "finishing":  # the last call: no tools, the reserve too
-                fitted = await self.fitted(request, 0.0, plan.MIN_FINAL_OUTPUT)
+                fitted = await budget_stops.fitted(self, request, 0.0, plan.MIN_FINAL_OUTPUT)
                 if fitted is None:
                     return self._fail(request)
                 s.phase = "finished"
@@ -106,7 +105,7 @@ class Spend:
                 )
             if s.phase != "reached":  # (waiting at the limit: for a person or children's asks)
                 room = self.available() - s.finish_reserve
-                fitted = await self.fitted(request, s.finish_reserve, plan.MIN_OUTPUT)
+                fitted = await budget_stops.fitted(self, request, s.finish_reserve, plan.MIN_OUTPUT)
                 if fitted is not None:
                     return fitted
                 if self.asks_parent():
@@ -119,47 +118,6 @@ class Spend:
                         s.phase = "finishing"
                     continue
             await self._at_limit(request)
-
-    async def fitted(
-        self, request: ModelRequest, reserve: float, floor: int
-    ) -> ModelRequest | None:
-        """:meth:`fit`, as the run decided it: a call the estimate stops is recorded, and a
-        replay follows the record. The estimate counts the instructions and tool schemas a call
-        sends, which come from today's definitions: replayed after a deploy that changed them,
-        a call that went ahead could be stopped (or the reverse), and the run's commands would
-        no longer match its history. Runs started before (``recorded_stops`` off) estimate."""
-        s = self.state
-        assert s is not None
-        fit = self.fit(request, self.available() - reserve, floor)
-        if not s.recorded_stops:
-            return fit
-        s.decided += 1
-        # The first decision follows the prices' local activity, whose result a replay reads
-        # back within the workflow task that asked for it, where the run first ran on in the
-        # next: a marker written there is not found in the same task on replay. It is recorded
-        # by a local activity too.
-        if s.decided > 1 and s.stops < plan.STOP_MARKER_BOUND:
-            marker = f"{plan.STOP_MARKER}.{s.decided - 1}"
-            if workflow.unsafe.is_replaying():
-                stopped = workflow.patched(marker)  # found in history only if it stopped
-            else:
-                stopped = fit is None and workflow.patched(marker)  # writes the marker
-        else:
-            decided: list[str] = await workflow.execute_local_activity(
-                RECORD_DECISIONS_ACTIVITY,
-                [plan.STOP if fit is None else plan.GO],
-                result_type=list[str],
-                start_to_close_timeout=timedelta(seconds=10),
-            )
-            stopped = decided == [plan.STOP]
-            if not stopped:  # what remains may have changed while it was recorded (a person,
-                # a child's ask): the output limit is what remains now pays for, if anything
-                fit = self.fit(request, self.available() - reserve, 1) or fit
-        if stopped:
-            s.stops += 1
-            return None
-        # It went ahead: the activity's input is in history, and a replay does not send it.
-        return fit if fit is not None else request
 
     def fit(self, request: ModelRequest, room: float, floor: int) -> ModelRequest | None:
         """``request`` with the output limit ``room`` dollars pay for, or ``None``."""

@@ -1,0 +1,72 @@
+"""Whether a budget let a call go ahead, as the run decided it (docs/budgets.md, "Durable and
+replay-safe").
+
+A call's estimate counts the instructions and tool schemas it sends, and those come from
+today's definitions: replayed after a deploy that changed them, a call that went ahead could be
+stopped, or the reverse, and the run's commands would no longer match its history. So a run
+records its decisions. The first follows the prices' local activity, whose result a replay
+reads back within the workflow task that asked for it, where the run first ran on in the next:
+a marker written there would not be found on replay, so the first decision is recorded by the
+local activity too. Each later stop writes a ``relaykit.budget-stop.<n>`` marker, for a run's
+first :data:`~relaykit.workflows.budget_plan.STOP_MARKER_BOUND` stops, then the local activity
+records every decision. A call that goes ahead writes nothing. Workflow code.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from temporalio import workflow
+
+from relaykit.models.spec import ModelRequest
+from relaykit.runs import RECORD_DECISIONS_ACTIVITY, SpendState
+from relaykit.workflows import budget_plan as plan
+
+if TYPE_CHECKING:
+    from relaykit.workflows.spend import Spend
+
+
+async def fitted(
+    spend: Spend, request: ModelRequest, reserve: float, floor: int
+) -> ModelRequest | None:
+    """``request`` with the output limit what remains (less ``reserve``) pays for, or ``None``,
+    as the run decided it: runs that record their stops replay what they recorded, never
+    today's estimate; runs started before estimate."""
+    s = spend.state
+    assert s is not None
+    fit = spend.fit(request, spend.available() - reserve, floor)
+    if not s.recorded_stops:
+        return fit
+    stopped, waited = await decide(s, fit is not None)
+    if stopped:
+        return None
+    if waited:  # what remains now pays for the output, if anything does
+        fit = spend.fit(request, spend.available() - reserve, 1) or fit
+    # It went ahead: the activity's input is in history, and a replay does not send it.
+    return fit if fit is not None else request
+
+
+async def decide(state: SpendState, fits: bool) -> tuple[bool, bool]:
+    """(stopped, waited): whether the call is stopped (live: it does not fit; on replay: what
+    the run recorded), and whether the record waited for a local activity, during which what
+    remains may have changed."""
+    state.decided += 1
+    if state.decided > 1 and state.stops < plan.STOP_MARKER_BOUND:
+        marker = f"{plan.STOP_MARKER}.{state.decided - 1}"
+        if workflow.unsafe.is_replaying():
+            stopped = workflow.patched(marker)  # found in history only if it stopped
+        else:
+            stopped = not fits and workflow.patched(marker)  # writes the marker
+        waited = False
+    else:
+        recorded: list[str] = await workflow.execute_local_activity(
+            RECORD_DECISIONS_ACTIVITY,
+            [plan.GO if fits else plan.STOP],
+            result_type=list[str],
+            start_to_close_timeout=timedelta(seconds=10),
+        )
+        stopped, waited = recorded == [plan.STOP], True
+    if stopped:
+        state.stops += 1
+    return stopped, waited
