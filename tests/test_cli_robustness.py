@@ -181,15 +181,18 @@ async def test_runs_without_relaykits_search_attributes_names_the_command_that_r
     from relaykit.search_attributes import operator_create_args
 
     namespace = (await new_namespace(client, "bare")).namespace
-    for _ in range(50):  # a new namespace reaches the frontend a moment later
+    for _ in range(50):  # a new namespace reaches the frontend and visibility a moment later
         done = relaykit(
             "runs", "--status", "running", "--namespace", namespace, env=cli_env(temporal_server)
         )
-        if "not found" not in done.stderr:
+        if "invalid search attribute" in done.stderr:
             break
         await asyncio.sleep(0.5)
-    assert done.returncode == 1
-    [line] = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    [line] = lines
+    assert "invalid search attribute: Relay" in line, done.stderr
     register = " ".join(["temporal", *operator_create_args(namespace)])
     assert register.startswith(
         f"temporal operator search-attribute create --namespace {namespace} --name RelayAgent "
