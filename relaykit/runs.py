@@ -296,8 +296,7 @@ class RunSetup(BaseModel):
     list_attributes: bool = False
     """Whether the run also upserts ``RelayWaitingFor`` and ``RelayLastActivity`` (the namespace
     had them when the run started; recorded in the id of the ``relaykit.run-setup.v4`` marker,
-    in v3 runs by the marker ``relaykit.run-setup.list-attributes``). ``False`` for runs started
-    before."""
+    in v3 runs by ``relaykit.run-setup.list-attributes``). ``False`` for runs started before."""
     # Since ``relaykit.run-setup.v4`` (which implies v3's choices).
     batched_attributes: bool = False
     """The run's search attributes are upserted at most once per workflow task, after its other
@@ -382,9 +381,10 @@ class SpendState(BaseModel):
     record, never today's estimate (which a deploy's instructions or tools change); ``False``
     for runs started before."""
     decided: int = 0
-    """Calls the budget has decided so far (numbers their records)."""
     stops: int = 0
-    """Of those, the ones it stopped."""
+    unplanned: int = 0
+    """Calls the budget decided, of those the ones it stopped, and estimates asked for a model
+    the run did not price at its start (they number their records)."""
     paused_for_children: bool = False
     """The run waits at its limit because its children's asks do not fit (not its own call)."""
 

@@ -510,3 +510,58 @@ def test_the_stops_choice_is_recorded_inside_the_grants_entry() -> None:
         {plan.GRANTS_CHOICE, plan.STOPS_CHOICE},
     )
     assert plan.read_prices(before)[1:] == ([], {plan.GRANTS_CHOICE})
+
+
+@pytest.mark.parametrize("today_priced", [False, True])
+async def test_a_deploy_that_changes_a_budgeted_agents_model_replays_the_calls_made_before_it(
+    client: Client, model_server: ScriptedModelServer, today_priced: bool
+) -> None:
+    # The run priced the models it planned with when it started. Replayed after a deploy that
+    # gave the agent another model, its earlier calls ask today's model's price, which the run
+    # never recorded: the replay failed the run where it had made its calls, and its replays
+    # failed at every attempt.
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(100, call("look", topic="a")), text("done")])
+    agent = Agent(name="remodelled", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.5)
+        )
+        assert (await handle.result()).output == "done"
+        history = await handle.workflow.fetch_history()
+    other = model.model_copy(
+        update={"name": "another-model", "price": DOLLAR if today_priced else None}
+    )
+    replayed = await replays_under(history, dataclasses.replace(agent, model=other), "remodel")
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_a_run_waiting_at_its_limit_fails_in_words_when_a_deploy_gave_it_an_unpriced_model(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # The run stops at its limit; a deploy then gives its agent a model it did not price when it
+    # started. The new worker replays the calls made before the deploy, and once the limit is
+    # raised its next call fails the run with UnpricedModel, as it always did live; that end
+    # replays too (a marker records it).
+    model = priced_model(model_server)
+    model_server.script(model.name, [spend(9000, call("look", topic="a")), text("done")])
+    agent = Agent(name="remodelled-waiting", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        queue = worker.task_queue
+        handle = await start_run(
+            client, agent, "go", task_queue=queue, budget=Budget(max_usd=0.012)
+        )
+        await wait_for_status(handle, "budget_reached")
+    unpriced = model.model_copy(update={"name": "unpriced-model", "price": None})
+    deployed = dataclasses.replace(agent, model=unpriced)
+    async with serving(client, deployed, task_queue=queue):
+        await handle.set_budget(raise_by=0.05, by="ana")
+        with pytest.raises(RunFailed) as failure:
+            await handle.result()
+        history = await handle.workflow.fetch_history()
+    assert failure.value.type == "UnpricedModel"
+    assert "unpriced-model" in str(failure.value)
+    assert len(model_server.requests(model.name)) == 1
+    assert len(model_server.requests(unpriced.name)) == 0
+    replayed = await replays_under(history, deployed, "remodel-waiting")
+    assert replayed.replay_failure is None, replayed.replay_failure

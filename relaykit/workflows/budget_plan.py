@@ -67,6 +67,10 @@ STOP_MARKER = "relaykit.budget-stop"
 STOP_MARKER_BOUND = 16
 """Stops recorded by a marker; later ones by the recorded decisions' local activity, so that
 ``TemporalChangeVersion`` (every patch id a run used, in one 2 kB search attribute) stays small."""
+UNPLANNED_MARKER = "relaykit.budget-unplanned"
+"""``<UNPLANNED_MARKER>.<n>``: where a run failed live on a model it had not priced (a deploy
+changed an agent's model); a replay that does not find it estimates a call made before the
+deploy (``Spend._unplanned``)."""
 STOP, GO = "relaykit.budget.stop", "relaykit.budget.go"
 """What the local activity records for a call past the markers' bound."""
 

@@ -9,7 +9,11 @@ reads back within the workflow task that asked for it, where the run first ran o
 a marker written there would not be found on replay, so the first decision is recorded by the
 local activity too. Each later stop writes a ``relaykit.budget-stop.<n>`` marker, for a run's
 first :data:`~relaykit.workflows.budget_plan.STOP_MARKER_BOUND` stops, then the local activity
-records every decision. A call that goes ahead writes nothing. Workflow code.
+records every decision. A call that goes ahead writes nothing.
+
+A deploy can also give an agent a model the run did not price when it started: a replay of the
+calls made before it must not fail the run where they went ahead (:func:`unplanned_price`).
+Workflow code.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from temporalio import workflow
 
+from relaykit import errors
 from relaykit.models.spec import ModelRequest
 from relaykit.runs import RECORD_DECISIONS_ACTIVITY, SpendState
 from relaykit.workflows import budget_plan as plan
@@ -70,3 +75,25 @@ async def decide(state: SpendState, fits: bool) -> tuple[bool, bool]:
     if stopped:
         state.stops += 1
     return stopped, waited
+
+
+def unplanned_price(spend: Spend, request: ModelRequest) -> list[float]:
+    """The price of a model the run did not price at its start: a deploy changed an agent's
+    model.
+
+    Live, the run fails, and a marker records where. Replayed, the calls made before the deploy
+    went ahead with a model the run had priced (else it would have ended): they are estimated
+    at the dearest recorded price, which shapes only the request, never sent again on replay."""
+    s = spend.state
+    assert s is not None
+    budget = spend.run.input.budget
+    if budget is not None and budget.unpriced == "free":
+        return [0.0, 0.0, 0.0]
+    if s.recorded_stops:  # (runs started before fail here on replay too, as they did)
+        s.unplanned += 1
+        if not workflow.patched(f"{plan.UNPLANNED_MARKER}.{s.unplanned}"):
+            return [max(row[i] for row in s.prices.values()) for i in range(3)]
+    spend.run.fail(
+        f"no price was recorded for {request.model.label} when this run started",
+        errors.UNPRICED_MODEL,
+    )

@@ -109,7 +109,7 @@ class Spend:
                 if fitted is not None:
                     return fitted
                 if self.asks_parent():
-                    price = s.prices.get(request.model.label) or self._unplanned(request)
+                    price = self._price(request)
                     need = plan.shortfall(request, price, s.known_input, room)
                     verdict = await self.ask_parent(need)
                     if verdict == "fail":
@@ -123,7 +123,7 @@ class Spend:
         """``request`` with the output limit ``room`` dollars pay for, or ``None``."""
         s = self.state
         assert s is not None
-        price = s.prices.get(request.model.label) or self._unplanned(request)
+        price = self._price(request)
         cap = plan.output_cap(request, price, s.known_input, room, floor)
         return None if cap is None else request.model_copy(update={"output_cap": cap})
 
@@ -132,15 +132,10 @@ class Spend:
         if self.state is not None:
             self.state.known_input = input_tokens + output_tokens
 
-    def _unplanned(self, request: ModelRequest) -> list[float]:
-        """A model the run did not price at its start (a definition changed since)."""
-        budget = self.run.input.budget
-        if budget is not None and budget.unpriced == "free":
-            return [0.0, 0.0, 0.0]
-        self.run.fail(
-            f"no price was recorded for {request.model.label} when this run started",
-            errors.UNPRICED_MODEL,
-        )
+    def _price(self, request: ModelRequest) -> list[float]:
+        s = self.state
+        assert s is not None
+        return s.prices.get(request.model.label) or budget_stops.unplanned_price(self, request)
 
     # --- at the limit -------------------------------------------------------------------------
 
