@@ -565,3 +565,41 @@ async def test_a_run_waiting_at_its_limit_fails_in_words_when_a_deploy_gave_it_a
     assert len(model_server.requests(unpriced.name)) == 0
     replayed = await replays_under(history, deployed, "remodel-waiting")
     assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_a_stop_right_after_a_turn_recorded_by_the_local_activity_replays(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    # Past the markers' bound a turn's call decisions are recorded by a local activity; when
+    # every call of that turn is refused, the next model call is decided right after it, in
+    # the same workflow task, and a stop there writes its marker after the local activity's.
+    from relaykit.testing.scripted_server import batch
+    from relaykit.workflows.call_record import MARKER_BOUND
+
+    model = priced_model(model_server)
+    unknown = [call("nope", topic=str(i)) for i in range(MARKER_BOUND + 1)]
+    model_server.script(
+        model.name,
+        [spend(100, batch(*unknown)), spend(9000, call("nope", topic="x")), text("done")],
+    )
+    agent = Agent(name="stop-after-record", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.012)
+        )
+        await wait_for_status(handle, "budget_reached")
+        await handle.set_budget(raise_by=0.05, by="ana")
+        assert (await handle.result()).output == "done"
+        history = await handle.workflow.fetch_history()
+    markers = [
+        e.marker_recorded_event_attributes
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+    ]
+    [last_record] = [i for i, m in enumerate(markers) if m.marker_name == "core_local_activity"][
+        -1:
+    ]
+    stop = markers[last_record + 1]
+    assert b'"relaykit.budget-stop.2"' in stop.details["patch-data"].payloads[0].data
+    replayed = await replays_under(history, agent, "stop-after-record")
+    assert replayed.replay_failure is None, replayed.replay_failure
