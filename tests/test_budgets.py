@@ -365,15 +365,9 @@ async def test_a_budgeted_run_replays_with_the_prices_it_recorded_whatever_today
     # Replayed under a price a hundred times higher, the run would decide to wait at its limit
     # before its second call; it replays as it ran because the prices it planned with are in
     # its history.
-    model = priced_model(model_server)
-    model_server.script(model.name, [spend(2000, call("look", topic="a")), text("done")])
-    agent = Agent(name="replayed-budget", model=model, tools=[look], model_settings=SMALL)
-    async with serving(client, agent) as worker:
-        handle = await start_run(
-            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.05)
-        )
-        assert (await handle.result()).output == "done"
-        history = await handle.workflow.fetch_history()
+    model, agent, history = await finished_run(
+        client, model_server, "replayed-budget", spend(2000, call("look", topic="a")), 0.05
+    )
     dearer = model.model_copy(update={"price": Price(input=100.0, output=100.0)})
     today = Agent(name=agent.name, model=dearer, tools=[look])
     replayed = await replays_under(history, today, "budget-check")
@@ -397,6 +391,40 @@ def test_a_negative_or_not_finite_limit_is_refused_when_the_budget_is_built(
     # ("request budget exceeded: 1 > -1"), paying for a call it could never use.
     with pytest.raises(pydantic.ValidationError, match=r"greater than or equal to 0|finite number"):
         Budget(**limits)
+
+
+def scripted_agent(model_server: ScriptedModelServer, name: str, *steps: Any) -> tuple[Any, Agent]:
+    """An agent with ``look`` on a priced model scripted to answer ``steps``, then "done"."""
+    model = priced_model(model_server)
+    model_server.script(model.name, [*steps, text("done")])
+    return model, Agent(name=name, model=model, tools=[look], model_settings=SMALL)
+
+
+async def raised_run(client: Client, agent: Agent) -> Any:
+    """The history of a run of ``agent`` ($0.012) that stopped at its limit, was given $0.05
+    more by a person, and answered "done"."""
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.012)
+        )
+        await wait_for_status(handle, "budget_reached")
+        await handle.set_budget(raise_by=0.05, by="ana")
+        assert (await handle.result()).output == "done"
+        return await handle.workflow.fetch_history()
+
+
+async def finished_run(
+    client: Client, model_server: ScriptedModelServer, name: str, first: Any, max_usd: float
+) -> tuple[Any, Agent, Any]:
+    """A budgeted run of :func:`scripted_agent`, run to its end: its model, its agent and its
+    history."""
+    model, agent = scripted_agent(model_server, name, first)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=max_usd)
+        )
+        assert (await handle.result()).output == "done"
+        return model, agent, await handle.workflow.fetch_history()
 
 
 def replays_under(history: Any, agent: Agent, queue: str) -> Any:
@@ -473,17 +501,8 @@ async def test_a_later_call_the_budget_stops_is_recorded_by_a_marker_and_replays
     # that goes ahead.
     from temporalio.api.enums.v1 import EventType
 
-    model = priced_model(model_server)
-    model_server.script(model.name, [spend(9000, call("look", topic="a")), text("done")])
-    agent = Agent(name="later-stop", model=model, tools=[look], model_settings=SMALL)
-    async with serving(client, agent) as worker:
-        handle = await start_run(
-            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.012)
-        )
-        await wait_for_status(handle, "budget_reached")
-        await handle.set_budget(raise_by=0.05, by="ana")
-        assert (await handle.result()).output == "done"
-        history = await handle.workflow.fetch_history()
+    _, agent = scripted_agent(model_server, "later-stop", spend(9000, call("look", topic="a")))
+    history = await raised_run(client, agent)
     markers = [
         e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
         for e in history.events
@@ -520,15 +539,9 @@ async def test_a_deploy_that_changes_a_budgeted_agents_model_replays_the_calls_m
     # gave the agent another model, its earlier calls ask today's model's price, which the run
     # never recorded: the replay failed the run where it had made its calls, and its replays
     # failed at every attempt.
-    model = priced_model(model_server)
-    model_server.script(model.name, [spend(100, call("look", topic="a")), text("done")])
-    agent = Agent(name="remodelled", model=model, tools=[look], model_settings=SMALL)
-    async with serving(client, agent) as worker:
-        handle = await start_run(
-            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.5)
-        )
-        assert (await handle.result()).output == "done"
-        history = await handle.workflow.fetch_history()
+    model, agent, history = await finished_run(
+        client, model_server, "remodelled", spend(100, call("look", topic="a")), 0.5
+    )
     other = model.model_copy(
         update={"name": "another-model", "price": DOLLAR if today_priced else None}
     )
@@ -543,9 +556,9 @@ async def test_a_run_waiting_at_its_limit_fails_in_words_when_a_deploy_gave_it_a
     # started. The new worker replays the calls made before the deploy, and once the limit is
     # raised its next call fails the run with UnpricedModel, as it always did live; that end
     # replays too (a marker records it).
-    model = priced_model(model_server)
-    model_server.script(model.name, [spend(9000, call("look", topic="a")), text("done")])
-    agent = Agent(name="remodelled-waiting", model=model, tools=[look], model_settings=SMALL)
+    model, agent = scripted_agent(
+        model_server, "remodelled-waiting", spend(9000, call("look", topic="a"))
+    )
     async with serving(client, agent) as worker:
         queue = worker.task_queue
         handle = await start_run(
@@ -576,21 +589,14 @@ async def test_a_stop_right_after_a_turn_recorded_by_the_local_activity_replays(
     from relaykit.testing.scripted_server import batch
     from relaykit.workflows.call_record import MARKER_BOUND
 
-    model = priced_model(model_server)
     unknown = [call("nope", topic=str(i)) for i in range(MARKER_BOUND + 1)]
-    model_server.script(
-        model.name,
-        [spend(100, batch(*unknown)), spend(9000, call("nope", topic="x")), text("done")],
+    _, agent = scripted_agent(
+        model_server,
+        "stop-after-record",
+        spend(100, batch(*unknown)),
+        spend(9000, call("nope", topic="x")),
     )
-    agent = Agent(name="stop-after-record", model=model, tools=[look], model_settings=SMALL)
-    async with serving(client, agent) as worker:
-        handle = await start_run(
-            client, agent, "go", task_queue=worker.task_queue, budget=Budget(max_usd=0.012)
-        )
-        await wait_for_status(handle, "budget_reached")
-        await handle.set_budget(raise_by=0.05, by="ana")
-        assert (await handle.result()).output == "done"
-        history = await handle.workflow.fetch_history()
+    history = await raised_run(client, agent)
     markers = [
         e.marker_recorded_event_attributes
         for e in history.events
