@@ -92,7 +92,7 @@ def unplanned_price(spend: Spend, request: ModelRequest) -> list[float]:
     if s.recorded_stops:  # (runs started before fail here on replay too, as they did)
         s.unplanned += 1
         if not workflow.patched(f"{plan.UNPLANNED_MARKER}.{s.unplanned}"):
-            return [max(row[i] for row in s.prices.values()) for i in range(3)]
+            return [max((row[i] for row in s.prices.values()), default=0.0) for i in range(3)]
     spend.run.fail(
         f"no price was recorded for {request.model.label} when this run started",
         errors.UNPRICED_MODEL,
