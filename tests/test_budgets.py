@@ -602,9 +602,7 @@ async def test_a_stop_right_after_a_turn_recorded_by_the_local_activity_replays(
         for e in history.events
         if e.HasField("marker_recorded_event_attributes")
     ]
-    [last_record] = [i for i, m in enumerate(markers) if m.marker_name == "core_local_activity"][
-        -1:
-    ]
+    last_record = max(i for i, m in enumerate(markers) if m.marker_name == "core_local_activity")
     stop = markers[last_record + 1]
     assert b'"relaykit.budget-stop.2"' in stop.details["patch-data"].payloads[0].data
     replayed = await replays_under(history, agent, "stop-after-record")

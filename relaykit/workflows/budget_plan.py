@@ -70,7 +70,7 @@ STOP_MARKER_BOUND = 16
 UNPLANNED_MARKER = "relaykit.budget-unplanned"
 """``<UNPLANNED_MARKER>.<n>``: where a run failed live on a model it had not priced (a deploy
 changed an agent's model); a replay that does not find it estimates a call made before the
-deploy (``Spend._unplanned``)."""
+deploy (:func:`relaykit.workflows.budget_stops.unplanned_price`)."""
 STOP, GO = "relaykit.budget.stop", "relaykit.budget.go"
 """What the local activity records for a call past the markers' bound."""
 
