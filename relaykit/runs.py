@@ -383,8 +383,9 @@ class SpendState(BaseModel):
     decided: int = 0
     stops: int = 0
     unplanned: int = 0
-    """Calls the budget decided, of those the ones it stopped, and estimates asked for a model
-    the run did not price at its start (they number their records)."""
+    repriced: int = 0
+    """Calls the budget decided, of those the ones it stopped, estimates asked for a model the
+    run did not price at its start, and calls of such a model (they number their records)."""
     paused_for_children: bool = False
     """The run waits at its limit because its children's asks do not fit (not its own call)."""
 

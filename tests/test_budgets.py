@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -16,6 +17,7 @@ from relaykit import (
     Agent,
     Budget,
     ModelSettings,
+    ModelSpec,
     Price,
     RunFailed,
     Subagents,
@@ -549,15 +551,17 @@ async def test_a_deploy_that_changes_a_budgeted_agents_model_replays_the_calls_m
     assert replayed.replay_failure is None, replayed.replay_failure
 
 
-async def test_a_run_waiting_at_its_limit_fails_in_words_when_a_deploy_gave_it_an_unpriced_model(
-    client: Client, model_server: ScriptedModelServer
+@pytest.mark.parametrize("today_priced", [True, False], ids=["priced", "unpriced"])
+async def test_a_run_waiting_at_its_limit_goes_on_with_the_model_a_deploy_gave_it(
+    client: Client, model_server: ScriptedModelServer, today_priced: bool
 ) -> None:
     # The run stops at its limit; a deploy then gives its agent a model it did not price when it
-    # started. The new worker replays the calls made before the deploy, and once the limit is
-    # raised its next call fails the run with UnpricedModel, as it always did live; that end
-    # replays too (a marker records it).
+    # started. The new worker replays the calls made before the deploy; once the limit is
+    # raised, the run prices the new model where it first calls it (a marker and the recording
+    # local activity), and goes on with it. A model without a price fails the run in words, and
+    # no call of it is made. Either end replays.
     model, agent = scripted_agent(
-        model_server, "remodelled-waiting", spend(9000, call("look", topic="a"))
+        model_server, f"remodelled-{today_priced}", spend(9000, call("look", topic="a"))
     )
     async with serving(client, agent) as worker:
         queue = worker.task_queue
@@ -565,18 +569,51 @@ async def test_a_run_waiting_at_its_limit_fails_in_words_when_a_deploy_gave_it_a
             client, agent, "go", task_queue=queue, budget=Budget(max_usd=0.012)
         )
         await wait_for_status(handle, "budget_reached")
-    unpriced = model.model_copy(update={"name": "unpriced-model", "price": None})
-    deployed = dataclasses.replace(agent, model=unpriced)
+    new = model.model_copy(
+        update={"name": f"{model.name}-new", "price": DOLLAR if today_priced else None}
+    )
+    model_server.script(new.name, [spend(2000, text("done with the new model"))])
+    deployed = dataclasses.replace(agent, model=new)
     async with serving(client, deployed, task_queue=queue):
         await handle.set_budget(raise_by=0.05, by="ana")
-        with pytest.raises(RunFailed) as failure:
-            await handle.result()
+        if today_priced:
+            result = await handle.result()
+        else:
+            with pytest.raises(RunFailed) as failure:
+                await handle.result()
         history = await handle.workflow.fetch_history()
-    assert failure.value.type == "UnpricedModel"
-    assert "unpriced-model" in str(failure.value)
     assert len(model_server.requests(model.name)) == 1
-    assert len(model_server.requests(unpriced.name)) == 0
-    replayed = await replays_under(history, deployed, "remodel-waiting")
+    if today_priced:
+        assert result.output == "done with the new model"
+        assert len(model_server.requests(new.name)) == 1
+        assert result.usage.cost_usd == pytest.approx((9000 + 2000) / 1e6)
+    else:
+        assert failure.value.type == "UnpricedModel"
+        assert f"no price is known for {new.name}" in str(failure.value)
+        assert len(model_server.requests(new.name)) == 0
+    patches = [
+        e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert sum(b"relaykit.budget-priced" in m for m in patches) == 1
+    replayed = await replays_under(history, deployed, f"remodel-waiting-{today_priced}")
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_a_run_the_release_before_failed_on_a_deployed_model_still_replays() -> None:
+    # That release failed a run where it first called a model it had not priced, and wrote a
+    # relaykit.budget-unplanned.<n> marker there (tests/histories/budget_unplanned.json: a run
+    # waiting at its limit, raised after a deploy gave its agent the unpriced model). Today's
+    # code prices such a model instead; a query or a reset of that failed run replays its end.
+    from temporalio.client import WorkflowHistory
+
+    text = (Path(__file__).resolve().parent / "histories" / "budget_unplanned.json").read_text()
+    model = ModelSpec(name="unpriced-model", base_url="http://127.0.0.1:9/v1")
+    agent = Agent(name="remodelled-waiting", model=model, tools=[look], model_settings=SMALL)
+    history = WorkflowHistory.from_json("budget-unplanned", text)
+    replayed = await replays_under(history, agent, "budget-unplanned")
     assert replayed.replay_failure is None, replayed.replay_failure
 
 

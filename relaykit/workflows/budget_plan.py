@@ -25,7 +25,7 @@ from temporalio import workflow
 
 from relaykit.agent import Agent, AgentTool, Budget, as_handoff
 from relaykit.messages import Message, Usage
-from relaykit.models.spec import ModelRequest
+from relaykit.models.spec import ModelRequest, ModelSpec
 from relaykit.runs import BudgetAnswer, BudgetAsk, BudgetChange
 from relaykit.workflows.run_state import Run, signal_workflow
 
@@ -67,10 +67,15 @@ STOP_MARKER = "relaykit.budget-stop"
 STOP_MARKER_BOUND = 16
 """Stops recorded by a marker; later ones by the recorded decisions' local activity, so that
 ``TemporalChangeVersion`` (every patch id a run used, in one 2 kB search attribute) stays small."""
+PRICED_MARKER = "relaykit.budget-priced"
+"""``<PRICED_MARKER>.<n>``: where a run priced a model it had not priced at its start (a deploy
+changed an agent's model), the price itself recorded by the local activity that follows; a
+replay that does not find it is replaying a call made before the deploy
+(:func:`relaykit.workflows.budget_stops.price_new_model`)."""
 UNPLANNED_MARKER = "relaykit.budget-unplanned"
-"""``<UNPLANNED_MARKER>.<n>``: where a run failed live on a model it had not priced (a deploy
-changed an agent's model); a replay that does not find it estimates a call made before the
-deploy (:func:`relaykit.workflows.budget_stops.unplanned_price`)."""
+"""``<UNPLANNED_MARKER>.<n>``: where a run of the release before :data:`PRICED_MARKER` failed
+live on a model it had not priced; read back, never written any more
+(:func:`relaykit.workflows.budget_stops.unplanned_price`)."""
 STOP, GO = "relaykit.budget.stop", "relaykit.budget.go"
 """What the local activity records for a call past the markers' bound."""
 
@@ -87,17 +92,20 @@ def usd(amount: float) -> str:
 def planned_prices(run: Run) -> list[str]:
     """What a run records at its start: each model it can reach with its price (``None``: not
     known), and the choices it makes with them (:data:`GRANTS_CHOICE`)."""
-    planned: list[str] = []
+    planned = [priced(spec) for spec in reachable_models(run).values()]
+    planned.append(json.dumps([GRANTS_CHOICE, [STOPS_CHOICE]]))
+    return planned
+
+
+def priced(spec: ModelSpec) -> str:
+    """A model's recorded entry: its label and today's price (``None``: not known)."""
     # The table is read-only data: imported (on first use) outside the sandbox, once.
     with workflow.unsafe.imports_passed_through():
         from relaykit.pricing import price_of
 
-        for label, spec in reachable_models(run).items():
-            price, _source = price_of(spec, at=workflow.now())
-            row = None if price is None else [price.input, price.cached_input, price.output]
-            planned.append(json.dumps([label, row]))
-    planned.append(json.dumps([GRANTS_CHOICE, [STOPS_CHOICE]]))
-    return planned
+        price, _source = price_of(spec, at=workflow.now())
+    row = None if price is None else [price.input, price.cached_input, price.output]
+    return json.dumps([spec.label, row])
 
 
 def read_prices(recorded: list[str]) -> tuple[Prices, list[str], set[str]]:

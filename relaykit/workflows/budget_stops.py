@@ -11,9 +11,10 @@ local activity too. Each later stop writes a ``relaykit.budget-stop.<n>`` marker
 first :data:`~relaykit.workflows.budget_plan.STOP_MARKER_BOUND` stops, then the local activity
 records every decision. A call that goes ahead writes nothing.
 
-A deploy can also give an agent a model the run did not price when it started: a replay of the
-calls made before it must not fail the run where they went ahead (:func:`unplanned_price`).
-Workflow code.
+A deploy can also give an agent a model the run did not price when it started. The run prices it
+where it first calls it, and records that price as it recorded the others
+(:func:`price_new_model`); a replay of the calls made before the deploy must not price it
+there, nor fail the run where they went ahead (:func:`unplanned_price`). Workflow code.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ async def fitted(
     today's estimate; runs started before estimate."""
     s = spend.state
     assert s is not None
-    fit = spend.fit(request, spend.available() - reserve, floor)
     if not s.recorded_stops:
-        return fit
-    stopped, waited = await decide(s, fit is not None)
+        return spend.fit(request, spend.available() - reserve, floor)
+    just_priced = await price_new_model(spend, request)
+    fit = spend.fit(request, spend.available() - reserve, floor)
+    stopped, waited = await decide(s, fit is not None, by_activity=just_priced)
     if stopped:
         return None
     if waited:  # what remains now pays for the output, if anything does
@@ -52,12 +54,13 @@ async def fitted(
     return fit if fit is not None else request
 
 
-async def decide(state: SpendState, fits: bool) -> tuple[bool, bool]:
+async def decide(state: SpendState, fits: bool, by_activity: bool = False) -> tuple[bool, bool]:
     """(stopped, waited): whether the call is stopped (live: it does not fit; on replay: what
     the run recorded), and whether the record waited for a local activity, during which what
-    remains may have changed."""
+    remains may have changed. ``by_activity``: right after another recording local activity,
+    where a marker would not be found on replay (the module docstring)."""
     state.decided += 1
-    if state.decided > 1 and state.stops < plan.STOP_MARKER_BOUND:
+    if state.decided > 1 and state.stops < plan.STOP_MARKER_BOUND and not by_activity:
         marker = f"{plan.STOP_MARKER}.{state.decided - 1}"
         if workflow.unsafe.is_replaying():
             stopped = workflow.patched(marker)  # found in history only if it stopped
@@ -77,13 +80,49 @@ async def decide(state: SpendState, fits: bool) -> tuple[bool, bool]:
     return stopped, waited
 
 
-def unplanned_price(spend: Spend, request: ModelRequest) -> list[float]:
-    """The price of a model the run did not price at its start: a deploy changed an agent's
-    model.
+async def price_new_model(spend: Spend, request: ModelRequest) -> bool:
+    """Price the call's model where the run first calls it, when the run did not price it at its
+    start (a deploy changed an agent's model); whether it did so now.
 
-    Live, the run fails, and a marker records where. Replayed, the calls made before the deploy
-    went ahead with a model the run had priced (else it would have ended): they are estimated
-    at the dearest recorded price, which shapes only the request, never sent again on replay."""
+    Live, a ``relaykit.budget-priced.<n>`` marker says where, and the recording local activity
+    holds today's price, which the run plans with from then on (a model without one fails the
+    run with ``UnpricedModel``, as at the start). A replay that does not find the marker there
+    is replaying a call made before the deploy, with the model the run had priced then: it
+    prices nothing (:func:`unplanned_price` estimates that call)."""
+    s = spend.state
+    assert s is not None
+    budget = spend.run.input.budget
+    if request.model.label in s.prices or (budget is not None and budget.unpriced == "free"):
+        return False
+    s.repriced += 1
+    if not workflow.patched(f"{plan.PRICED_MARKER}.{s.repriced}"):
+        return False
+    recorded: list[str] = await workflow.execute_local_activity(
+        RECORD_DECISIONS_ACTIVITY,
+        [plan.priced(request.model)],
+        result_type=list[str],
+        start_to_close_timeout=timedelta(seconds=10),
+    )
+    prices, unpriced, _choices = plan.read_prices(recorded)
+    if unpriced:
+        spend.run.fail(
+            f"no price is known for {request.model.label}, which a deploy gave this run after "
+            "it started: give it one (ModelSpec(price=Price(...))) or count it as free "
+            '(Budget(unpriced="free"))',
+            errors.UNPRICED_MODEL,
+        )
+    s.prices.update(prices)
+    return True
+
+
+def unplanned_price(spend: Spend, request: ModelRequest) -> list[float]:
+    """The estimate of a call of a model the run did not price.
+
+    Replayed, the calls made before the deploy that changed it went ahead with a model the run
+    had priced (else it would have ended): they are estimated at the dearest recorded price,
+    which shapes only the request, never sent again on replay. A run of the release before
+    :func:`price_new_model` failed where it first called the model live, and a marker says where:
+    the replay fails it there too. Runs that do not record their stops fail, as they always did."""
     s = spend.state
     assert s is not None
     budget = spend.run.input.budget
