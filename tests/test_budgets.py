@@ -551,17 +551,22 @@ async def test_a_deploy_that_changes_a_budgeted_agents_model_replays_the_calls_m
     assert replayed.replay_failure is None, replayed.replay_failure
 
 
-@pytest.mark.parametrize("today_priced", [True, False], ids=["priced", "unpriced"])
+DEARER = Price(input=1000.0, output=1000.0)
+"""A thousand times :data:`DOLLAR`: the run's 9,000 tokens of transcript cost $9 as input."""
+
+
+@pytest.mark.parametrize("today", ["priced", "dearer", "unpriced"])
 async def test_a_run_waiting_at_its_limit_goes_on_with_the_model_a_deploy_gave_it(
-    client: Client, model_server: ScriptedModelServer, today_priced: bool
+    client: Client, model_server: ScriptedModelServer, today: str
 ) -> None:
     # The run stops at its limit; a deploy then gives its agent a model it did not price when it
     # started. The new worker replays the calls made before the deploy; once the limit is
     # raised, the run prices the new model where it first calls it (a marker and the recording
-    # local activity), and goes on with it. A model without a price fails the run in words, and
-    # no call of it is made. Either end replays.
+    # local activity), and goes on with it: at once, or (a dearer model) after its first call of
+    # it stops at the limit again and a person raises it once more. A model without a price
+    # fails the run in words, and no call of it is made. Every end replays.
     model, agent = scripted_agent(
-        model_server, f"remodelled-{today_priced}", spend(9000, call("look", topic="a"))
+        model_server, f"remodelled-{today}", spend(9000, call("look", topic="a"))
     )
     async with serving(client, agent) as worker:
         queue = worker.task_queue
@@ -569,24 +574,30 @@ async def test_a_run_waiting_at_its_limit_goes_on_with_the_model_a_deploy_gave_i
             client, agent, "go", task_queue=queue, budget=Budget(max_usd=0.012)
         )
         await wait_for_status(handle, "budget_reached")
-    new = model.model_copy(
-        update={"name": f"{model.name}-new", "price": DOLLAR if today_priced else None}
-    )
-    model_server.script(new.name, [spend(2000, text("done with the new model"))])
+    price = {"priced": DOLLAR, "dearer": DEARER, "unpriced": None}[today]
+    new = model.model_copy(update={"name": f"{model.name}-new", "price": price})
+    model_server.script(new.name, [spend(10, text("done with the new model"))])
     deployed = dataclasses.replace(agent, model=new)
     async with serving(client, deployed, task_queue=queue):
         await handle.set_budget(raise_by=0.05, by="ana")
-        if today_priced:
+        if today == "dearer":
+            await wait_for_status(handle, "budget_reached")
+            assert len(model_server.requests(new.name)) == 0
+            await handle.set_budget(raise_by=20.0, by="ana")  # its 9,000 tokens in: $9
+        if today != "unpriced":
             result = await handle.result()
         else:
             with pytest.raises(RunFailed) as failure:
                 await handle.result()
         history = await handle.workflow.fetch_history()
+        reached = [e.kind for e in await handle.events()].count("budget_reached")
+    assert reached == (2 if today == "dearer" else 1)
     assert len(model_server.requests(model.name)) == 1
-    if today_priced:
+    if today != "unpriced":
         assert result.output == "done with the new model"
         assert len(model_server.requests(new.name)) == 1
-        assert result.usage.cost_usd == pytest.approx((9000 + 2000) / 1e6)
+        per_token = 1 if today == "priced" else 1000
+        assert result.usage.cost_usd == pytest.approx((9000 + 10 * per_token) / 1e6)
     else:
         assert failure.value.type == "UnpricedModel"
         assert f"no price is known for {new.name}" in str(failure.value)
@@ -598,7 +609,7 @@ async def test_a_run_waiting_at_its_limit_goes_on_with_the_model_a_deploy_gave_i
         and e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
     assert sum(b"relaykit.budget-priced" in m for m in patches) == 1
-    replayed = await replays_under(history, deployed, f"remodel-waiting-{today_priced}")
+    replayed = await replays_under(history, deployed, f"remodel-waiting-{today}")
     assert replayed.replay_failure is None, replayed.replay_failure
 
 

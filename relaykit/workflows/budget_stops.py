@@ -57,8 +57,8 @@ async def fitted(
 async def decide(state: SpendState, fits: bool, by_activity: bool = False) -> tuple[bool, bool]:
     """(stopped, waited): whether the call is stopped (live: it does not fit; on replay: what
     the run recorded), and whether the record waited for a local activity, during which what
-    remains may have changed. ``by_activity``: right after another recording local activity,
-    where a marker would not be found on replay (the module docstring)."""
+    remains may have changed. ``by_activity``: the call follows the price's local activity, and is
+    recorded by the local activity as a run's first decision is (the module docstring)."""
     state.decided += 1
     if state.decided > 1 and state.stops < plan.STOP_MARKER_BOUND and not by_activity:
         marker = f"{plan.STOP_MARKER}.{state.decided - 1}"
