@@ -5,7 +5,8 @@ worker`` process of its own (``bench.chaos_agents``, on a task queue of its own)
 model server over HTTP playing the model, and a driver that steers, sends, pauses and resumes,
 approves and denies, forks at a random turn, cancels, SIGKILLs the worker and starts it again,
 and deploys a changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed
-instructions and one more tool, at once or rolling), at moments tied to the model's requests.
+instructions and one more tool, at once or rolling, and half of the time another model's name,
+which a budgeted run did not price at its start), at moments tied to the model's requests.
 A run with the ``budget`` feature has a dollar limit and an ``on_limit``; the operator raises
 or sets the limit, asks for the best answer so far or cancels it (an action due while the run
 waits at its limit fires at once: a run that waits makes no requests). Approvals are answered
@@ -116,6 +117,8 @@ class Outcome:
     forks_compared: int = 0
     summaries: int = 0
     child_calls: int = 0
+    other_model_calls: int = 0
+    """Model calls made by another model's name, which a deploy gave the agents."""
     marks_checked: int = 0
     operator_events: int = 0
     late_answers: int = 0
@@ -333,6 +336,10 @@ class Driver:
             self.rig.start()
         elif kind == "deploy":
             self.rig.version += 1
+            if (action.knob * 4) % 2 >= 1:  # half of each kind: the agents get another model
+                self.rig.model_name = f"{self.model}-v{self.rig.version}"
+                self.server.alias(self.rig.model_name, self.model)
+                self.out.actions["deploy with another model"] += 1
             if action.knob < 0.5:  # rolling: the new worker polls before the old one stops
                 self.rig.start()
                 await asyncio.to_thread(self.rig.stop_oldest)
@@ -589,6 +596,7 @@ class Driver:
                 self.out.violations.append(f"{run.handle.id}: {mark} twice in the final transcript")
         self.out.summaries = sum(1 for r in requests if is_summary(r))
         self.out.child_calls = sum(1 for r in requests if first_text(r).startswith(CHILD_PREFIX))
+        self.out.other_model_calls = sum(1 for r in requests if r.body.get("model") != self.model)
         self.out.repeated_writes = checks.repeated_writes(self.rig.write_log)
         if not (self.out.actions["kill"] or self.out.actions["deploy"]):  # nothing cut a read
             self.out.violations += checks.repeated_reads(self.rig.write_log)
@@ -794,6 +802,8 @@ def table(outcomes: list[Outcome]) -> str:
         ("operator events checked for an author", str(sum(o.operator_events for o in outcomes))),
         ("kills (SIGKILL + restart)", str(actions["kill"])),
         ("deploys (changed definition)", str(actions["deploy"])),
+        ("  of them with another model", str(actions["deploy with another model"])),
+        ("  model calls by its name", str(sum(o.other_model_calls for o in outcomes))),
         ("write starts", str(sum(o.writes for o in outcomes))),
         ("summary calls (compaction)", str(sum(o.summaries for o in outcomes))),
         ("model calls of child runs", str(sum(o.child_calls for o in outcomes))),

@@ -24,6 +24,9 @@ class Rig:
         self.address = address
         self.model_url = model_url
         self.model = model
+        self.model_name = model
+        """The name the deployed agents call the model by (a deploy may change it: the
+        scripted server answers it as :attr:`model`)."""
         self.plan = plan
         self.work = work
         self.task_queue = f"chaos-{plan.seed}-{uuid.uuid4().hex[:8]}"
@@ -48,7 +51,7 @@ class Rig:
             RELAYKIT_TRANSCRIPT_DIR=str(self.work / "transcripts"),
             PYTHONUNBUFFERED="1",
             CHAOS_MODEL_URL=self.model_url,
-            CHAOS_MODEL_NAME=self.model,
+            CHAOS_MODEL_NAME=self.model_name,
             CHAOS_FEATURES=",".join(self.plan.features),
             CHAOS_VERSION=str(self.version),
             CHAOS_LOG=str(self.write_log),

@@ -95,6 +95,17 @@ def test_openai_text_and_tool_calls(server: ScriptedModelServer) -> None:
     assert [t["id"] for t in third["tool_calls"]] == ["call_oa-plain_2", "call_oa-plain_3"]
 
 
+def test_an_alias_is_served_counted_and_listed_as_its_model(server: ScriptedModelServer) -> None:
+    # A deploy that renames a run's model: the run's conversation goes on in one script.
+    server.script("oa-before", [text("one"), text("two")])
+    server.alias("oa-after", "oa-before")
+    assert openai(server, "oa-before").json()["choices"][0]["message"]["content"] == "one"
+    assert openai(server, "oa-after").json()["choices"][0]["message"]["content"] == "two"
+    assert server.request_count("oa-before") == 2 and server.request_count("oa-after") == 0
+    sent = [r.body["model"] for r in server.requests("oa-before")]
+    assert sent == ["oa-before", "oa-after"]
+
+
 def test_raw_arguments_and_given_ids_are_sent_verbatim(server: ScriptedModelServer) -> None:
     server.script("oa-raw", [call("f", raw_arguments='{"x": 1', id="mine")])
     tc = openai(server, "oa-raw").json()["choices"][0]["message"]["tool_calls"][0]

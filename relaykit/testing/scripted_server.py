@@ -340,6 +340,7 @@ class ScriptedModelServer:
         self._cond = threading.Condition()
         self._steps: dict[str, deque[Step]] = {}
         self._responders: dict[str, Responder] = {}
+        self._aliases: dict[str, str] = {}
         self._served: dict[str, int] = {}
         self._counts: dict[str, int] = {}
         self._call_ids: dict[str, int] = {}
@@ -418,6 +419,13 @@ class ScriptedModelServer:
         with self._cond:
             self._responders[model] = responder
 
+    def alias(self, name: str, model: str) -> None:
+        """Serve, count and list requests naming ``name`` as ``model``'s (the request's body
+        keeps the name it was sent with): a deploy that gave an agent another model, whose
+        runs a test follows as one conversation."""
+        with self._cond:
+            self._aliases[name] = model
+
     def remaining(self, model: str) -> int:
         with self._cond:
             return len(self._steps.get(model, ()))
@@ -464,8 +472,9 @@ class ScriptedModelServer:
     def _record_and_pick(
         self, api: Api, body: dict[str, Any], headers: dict[str, str]
     ) -> tuple[ScriptedRequest, Step]:
-        model = str(body.get("model", ""))
         with self._cond:
+            model = str(body.get("model", ""))
+            model = self._aliases.get(model, model)
             index = self._counts.get(model, 0)
             self._counts[model] = index + 1
             req = ScriptedRequest(api, model, body, headers, index, time.monotonic())
