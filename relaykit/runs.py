@@ -222,10 +222,10 @@ class ReportTarget(BaseModel):
 
 
 DELIVER_ACTIVITY = "relaykit.deliver_report"
-RECORD_DECISIONS_ACTIVITY = "relaykit.record_decisions"
-"""The local activity that records what a run decided (``relaykit.workflows.call_record``): it
-returns its input, a list of short codes (compatibility data, as is the name)."""
 """Activity type that POSTs a detached task's report (compatibility data)."""
+RECORD_DECISIONS_ACTIVITY = "relaykit.record_decisions"
+"""The local activity that records what a run decided (:func:`relaykit.workflows.call_record.
+recorded`): it returns its input, a list of short codes (compatibility data, as is the name)."""
 
 
 class DeliveryRequest(BaseModel):

@@ -19,15 +19,15 @@ there, nor fail the run where they went ahead (:func:`unplanned_price`). Workflo
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from temporalio import workflow
 
 from relaykit import errors
 from relaykit.models.spec import ModelRequest
-from relaykit.runs import RECORD_DECISIONS_ACTIVITY, SpendState
+from relaykit.runs import SpendState
 from relaykit.workflows import budget_plan as plan
+from relaykit.workflows.call_record import recorded
 
 if TYPE_CHECKING:
     from relaykit.workflows.spend import Spend
@@ -68,13 +68,7 @@ async def decide(state: SpendState, fits: bool, by_activity: bool = False) -> tu
             stopped = not fits and workflow.patched(marker)  # writes the marker
         waited = False
     else:
-        recorded: list[str] = await workflow.execute_local_activity(
-            RECORD_DECISIONS_ACTIVITY,
-            [plan.GO if fits else plan.STOP],
-            result_type=list[str],
-            start_to_close_timeout=timedelta(seconds=10),
-        )
-        stopped, waited = recorded == [plan.STOP], True
+        stopped, waited = await recorded([plan.GO if fits else plan.STOP]) == [plan.STOP], True
     if stopped:
         state.stops += 1
     return stopped, waited
@@ -97,13 +91,7 @@ async def price_new_model(spend: Spend, request: ModelRequest) -> bool:
     s.repriced += 1
     if not workflow.patched(f"{plan.PRICED_MARKER}.{s.repriced}"):
         return False
-    recorded: list[str] = await workflow.execute_local_activity(
-        RECORD_DECISIONS_ACTIVITY,
-        [plan.priced(request.model)],
-        result_type=list[str],
-        start_to_close_timeout=timedelta(seconds=10),
-    )
-    prices, unpriced, _choices = plan.read_prices(recorded)
+    prices, unpriced, _choices = plan.read_prices(await recorded([plan.priced(request.model)]))
     if unpriced:
         spend.run.fail(
             f"no price is known for {request.model.label}, which a deploy gave this run after "

@@ -115,6 +115,20 @@ REFUSED_ON_REPLAY = (
 error text is in the transcript the model saw, not in history)."""
 
 
+async def recorded(codes: list[str]) -> list[str]:
+    """Record ``codes`` (what today's definitions decided) and return the codes that stand:
+    the same, live; those recorded then, on replay. Call it only where history decides that a
+    recording is made (see the module docstring). Every decision a run records this way goes
+    through here: its calls' and, in :mod:`relaykit.workflows.budget_stops`, its budget's."""
+    result: list[str] = await workflow.execute_local_activity(
+        RECORD_DECISIONS_ACTIVITY,
+        codes,
+        result_type=list[str],
+        start_to_close_timeout=RECORD_TIMEOUT,
+    )
+    return result
+
+
 def recorded_calls() -> dict[str, bool]:
     """The ``RunSetup`` field, for the first workflow task of a run recorded before
     ``relaykit.run-setup.v2`` (new runs have it on, and ``recorded_decisions`` too:
@@ -190,16 +204,8 @@ class CallRecord:
         return written
 
     async def record(self, codes: list[str]) -> list[str]:
-        """Record ``codes`` (what today's definitions decided) and return the codes that stand:
-        the same, live; those recorded then, on replay. Call it only where history decides
-        that a recording is made (see the module docstring)."""
-        result: list[str] = await workflow.execute_local_activity(
-            RECORD_DECISIONS_ACTIVITY,
-            codes,
-            result_type=list[str],
-            start_to_close_timeout=RECORD_TIMEOUT,
-        )
-        return result
+        """:func:`recorded`, for the decisions of this run's calls."""
+        return await recorded(codes)
 
     def unknown(self, slot: Slot) -> bool:
         """Replay: whether the call named a tool the agent did not have when it was made."""

@@ -23,7 +23,6 @@ All of it is ``RunState.spend``, which continue-as-new carries. Runs before
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
@@ -31,10 +30,11 @@ from temporalio import workflow
 from relaykit import errors
 from relaykit.agent import Budget
 from relaykit.models.spec import ModelRequest
-from relaykit.runs import RECORD_DECISIONS_ACTIVITY, BudgetAnswer, BudgetAsk, SpendState
+from relaykit.runs import BudgetAnswer, BudgetAsk, SpendState
 from relaykit.workflows import budget_plan as plan
 from relaykit.workflows import budget_stops
 from relaykit.workflows.budget_plan import ASK_TIMEOUT, usd
+from relaykit.workflows.call_record import recorded
 from relaykit.workflows.run_state import Run
 
 
@@ -58,13 +58,7 @@ class Spend:
             return
         if not run.setup_flag("dollar_budgets"):
             return
-        recorded: list[str] = await workflow.execute_local_activity(
-            RECORD_DECISIONS_ACTIVITY,
-            plan.planned_prices(run),
-            result_type=list[str],
-            start_to_close_timeout=timedelta(seconds=10),
-        )
-        prices, unpriced, choices = plan.read_prices(recorded)
+        prices, unpriced, choices = plan.read_prices(await recorded(plan.planned_prices(run)))
         if unpriced and budget.unpriced != "free":
             run.fail(
                 f"this run has a dollar limit ({usd(budget.max_usd)}) but no price is known for "
