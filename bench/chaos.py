@@ -5,8 +5,9 @@ worker`` process of its own (``bench.chaos_agents``, on a task queue of its own)
 model server over HTTP playing the model, and a driver that steers, sends, pauses and resumes,
 approves and denies, forks at a random turn, cancels, SIGKILLs the worker and starts it again,
 and deploys a changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed
-instructions and one more tool, at once or rolling, and half of the time another model's name,
-which a budgeted run did not price at its start), at moments tied to the model's requests.
+instructions and one more tool, at once or rolling; half of the time another model's name,
+which a budgeted run did not price at its start; half of the time other tools needing a
+person's approval), at moments tied to the model's requests.
 A run with the ``budget`` feature has a dollar limit and an ``on_limit``; the operator raises
 or sets the limit, asks for the best answer so far or cancels it (an action due while the run
 waits at its limit fires at once: a run that waits makes no requests). Approvals are answered
@@ -340,6 +341,9 @@ class Driver:
                 self.rig.model_name = f"{self.model}-v{self.rig.version}"
                 self.server.alias(self.rig.model_name, self.model)
                 self.out.actions["deploy with another model"] += 1
+            if (action.knob * 8) % 2 >= 1:  # and half of each: which tools need approval
+                self.rig.approvals = "as written" if self.rig.approvals == "flipped" else "flipped"
+                self.out.actions["deploy that changed approvals"] += 1
             if action.knob < 0.5:  # rolling: the new worker polls before the old one stops
                 self.rig.start()
                 await asyncio.to_thread(self.rig.stop_oldest)
@@ -446,6 +450,7 @@ class Driver:
                     approved = self.settling or self.rng.random() < self.plan.approve_chance
                     run.decided.add(p.call_id)
                     self.out.actions["approve" if approved else "deny"] += 1
+                    self.out.actions[f"asked for {p.tool}"] += 1
                     mode = self.answers.choices(modes, weights)[0]
                     self.out.actions[f"answer by {mode}"] += 1
                     await self.answer(run, p.call_id, approved, mode)
@@ -804,6 +809,11 @@ def table(outcomes: list[Outcome]) -> str:
         ("deploys (changed definition)", str(actions["deploy"])),
         ("  of them with another model", str(actions["deploy with another model"])),
         ("  model calls by its name", str(sum(o.other_model_calls for o in outcomes))),
+        (
+            "  of them changing which tools need approval",
+            str(actions["deploy that changed approvals"]),
+        ),
+        ("  approvals asked for work (after such a deploy)", str(actions["asked for work"])),
         ("write starts", str(sum(o.writes for o in outcomes))),
         ("summary calls (compaction)", str(sum(o.summaries for o in outcomes))),
         ("model calls of child runs", str(sum(o.child_calls for o in outcomes))),

@@ -13,6 +13,8 @@ process's environment, read at import:
   at its start, is reached within a few turns);
 - ``CHAOS_VERSION``: the deployed definition; every version after the first changes the
   instructions and adds the ``audit`` tool, as a deploy of a changed module does;
+- ``CHAOS_APPROVALS=flipped``: a deploy that changed which tools a person approves (``work``
+  needs an approval, ``lookup`` no longer does);
 - ``CHAOS_LOG``: every tool and ``on_handoff`` start appends ``kind key`` here (the key is the
   call's idempotency key, or the workflow id and turn of a handoff), so the driver counts
   starts across worker processes.
@@ -49,6 +51,7 @@ from relaykit import (
 
 FEATURES = frozenset(f for f in os.environ.get("CHAOS_FEATURES", "").split(",") if f)
 VERSION = int(os.environ.get("CHAOS_VERSION", "1"))
+FLIPPED = os.environ.get("CHAOS_APPROVALS") == "flipped"
 MCP_SERVER_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "mcp_docs_server.py"
 SUMMARY_WINDOW = 250
 """Input tokens (as the scripted model reports them: a quarter of the transcript's JSON) after
@@ -68,7 +71,7 @@ def record(kind: str, key: str) -> None:
             os.fsync(fh.fileno())
 
 
-@tool(needs_approval=True, effect="read", retry=_RETRY, heartbeat_timeout=_HEARTBEAT)
+@tool(needs_approval=not FLIPPED, effect="read", retry=_RETRY, heartbeat_timeout=_HEARTBEAT)
 async def lookup(query: str, ctx: ToolContext) -> str:
     """Look a customer record up (a person approves first).
 
@@ -93,7 +96,7 @@ async def charge(amount: int, ref: str, ctx: ToolContext) -> str:
     return f"charged {amount} for {ref}"
 
 
-@tool(retry=_RETRY, heartbeat_timeout=_HEARTBEAT)
+@tool(needs_approval=FLIPPED, retry=_RETRY, heartbeat_timeout=_HEARTBEAT)
 async def work(ref: str, seconds: float, ctx: ToolContext) -> str:
     """Update the ledger, which takes a while (a write without approval).
 

@@ -27,6 +27,8 @@ class Rig:
         self.model_name = model
         """The name the deployed agents call the model by (a deploy may change it: the
         scripted server answers it as :attr:`model`)."""
+        self.approvals = "as written"
+        """Which tools a person approves: ``flipped`` after a deploy that changed it."""
         self.plan = plan
         self.work = work
         self.task_queue = f"chaos-{plan.seed}-{uuid.uuid4().hex[:8]}"
@@ -54,6 +56,7 @@ class Rig:
             CHAOS_MODEL_NAME=self.model_name,
             CHAOS_FEATURES=",".join(self.plan.features),
             CHAOS_VERSION=str(self.version),
+            CHAOS_APPROVALS=self.approvals,
             CHAOS_LOG=str(self.write_log),
             MCP_TEST_LOG=str(self.work / "mcp.log"),
         )
