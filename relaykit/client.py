@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from relaykit.agent import Agent, Budget
 from relaykit.authors import author, cancel_reason
+from relaykit.budget_state import BudgetChange, BudgetView
 from relaykit.codec import codec_from_env, compose_data_converter
 from relaykit.errors import (
     RUN_CANCELLED,
@@ -37,8 +38,6 @@ from relaykit.run_ids import check_run_id
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
-    BudgetChange,
-    BudgetView,
     PendingApproval,
     RunEvent,
     RunInput,

@@ -20,13 +20,10 @@ from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
 from relaykit import errors, registry
 from relaykit.authors import MAX_AUTHOR_LENGTH, received_author
+from relaykit.budget_state import BudgetAnswer, BudgetAsk, BudgetChange, BudgetView
 from relaykit.runs import (
     AGENT_RUN_WORKFLOW,
     ApprovalDecision,
-    BudgetAnswer,
-    BudgetAsk,
-    BudgetChange,
-    BudgetView,
     ChildReport,
     PendingApproval,
     ReportTarget,

@@ -24,9 +24,9 @@ from typing import Any
 from temporalio import workflow
 
 from relaykit.agent import Agent, AgentTool, Budget, as_handoff
+from relaykit.budget_state import BudgetAnswer, BudgetAsk, BudgetChange
 from relaykit.messages import Message, Usage
 from relaykit.models.spec import ModelRequest, ModelSpec
-from relaykit.runs import BudgetAnswer, BudgetAsk, BudgetChange
 from relaykit.workflows.run_state import Run, signal_workflow
 
 DEFAULT_OUTPUT_ALLOWANCE = 4096

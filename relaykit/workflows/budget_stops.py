@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from temporalio import workflow
 
 from relaykit import errors
+from relaykit.budget_state import SpendState
 from relaykit.models.spec import ModelRequest
-from relaykit.runs import SpendState
 from relaykit.workflows import budget_plan as plan
 from relaykit.workflows.call_record import recorded
 

@@ -29,8 +29,8 @@ from temporalio import workflow
 
 from relaykit import errors
 from relaykit.agent import Budget
+from relaykit.budget_state import BudgetAnswer, BudgetAsk, SpendState
 from relaykit.models.spec import ModelRequest
-from relaykit.runs import BudgetAnswer, BudgetAsk, SpendState
 from relaykit.workflows import budget_plan as plan
 from relaykit.workflows import budget_stops
 from relaykit.workflows.budget_plan import ASK_TIMEOUT, usd
