@@ -52,6 +52,7 @@ async def test_fixed_seeds_of_operator_actions_and_faults_keep_every_run_safe(
     assert sum(len(o.ended) for o in outcomes) > len(SEEDS)  # forks ran too
     assert sum(o.budget_runs for o in outcomes) > 0
     assert sum(o.other_model_calls for o in outcomes) > 0
+    assert sum(o.actions["deploy that changed approvals"] for o in outcomes) > 0
     assert sum(o.operator_events for o in outcomes) > 0
     by_signal = ("answer by signal", "answer by bulk", "answer by race")
     assert sum(o.actions[mode] for o in outcomes for mode in by_signal) > 0
