@@ -30,7 +30,9 @@ from temporalio.client import Client
 from temporalio.common import RawValue, RetryPolicy
 
 from relaykit import Agent, ConfigurationError, MCPServer, RunFailed, start_run, tool
+from relaykit.activities.mcp_activities import MCPSessions
 from relaykit.devserver import DevServer
+from relaykit.mcp import MCPCallRequest
 from relaykit.testing.scripted_server import ScriptedModelServer, batch, call, text
 from tests.support import (
     activity_summaries,
@@ -400,6 +402,41 @@ async def test_killed_server_process_is_restarted_and_completed_calls_are_not_re
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert max(attempts) == 1
+
+
+async def test_write_to_a_server_killed_a_moment_ago_is_sent_once_to_a_new_process(
+    tmp_path: Path,
+) -> None:
+    # A session notices its stdio server's death a few event-loop steps after the pipe ends. The
+    # loop is held here until the process is gone, so the next "write" finds a session that still
+    # looks alive: it must go to a new process in the same attempt, not to the dead one.
+    log = ServerLog(tmp_path / "server.log")
+    server = stdio_server(log)
+    sessions = MCPSessions({server.name: server})
+
+    def count() -> MCPCallRequest:
+        return MCPCallRequest(server="docs", tool="count", call_id="c", effect="write")
+
+    try:
+        first = await sessions.call_tool(server, count())
+        assert first.content.startswith("1 calls")
+        [pid] = log.pids("count")
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(400):  # blocking on purpose: the session's reader must not run meanwhile
+            try:
+                if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                    break
+            except OSError:
+                break
+            time.sleep(0.05)
+        second = await sessions.call_tool(server, count())
+    finally:
+        await sessions.aclose()
+    assert not second.is_error, second.content
+    assert second.content.startswith("1 calls")  # a new process counts from one
+    pids = log.pids("count")
+    assert len(pids) == 2 and pids[0] == pid != pids[1]
+    assert sessions.opened == 2
 
 
 async def test_tools_are_listed_again_after_continue_as_new_while_the_worker_keeps_its_session(

@@ -12,7 +12,9 @@ read stream ended, or a request failed with a connection error. A request that f
 already broken never reached the server, so it reconnects and sends in the same attempt; a
 request that was in flight when the connection broke may or may not have run, so it fails the
 attempt and Temporal retries it (at-least-once for that call, as for any activity whose worker
-died). Calls that completed are in history and never run again.
+died). Calls that completed are in history and never run again. Before a ``"write"`` is sent, a
+listing checks that its server is still there: a process killed a moment ago is noticed by that
+probe, not by the call.
 
 A ``"write"`` call records that its request is sent before it sends it, and an attempt that
 finds an earlier one lost after sending does not send it again: the outcome is unknown
@@ -75,6 +77,10 @@ _MAX_LIST_PAGES = 100
 
 class _BrokenConnection(Exception):
     """The session broke before or during a request."""
+
+
+class _StaleSession(Exception):
+    """The session's server no longer answers, found before the request was sent."""
 
 
 class _WatchedTransport:
@@ -320,6 +326,9 @@ class MCPSessions:
             session = await self.session(server, server.list_timeout.total_seconds())
             try:
                 return await send(session.client)
+            except _StaleSession:
+                self.drop(server, session)
+                continue
             except mcp.MCPError as exc:
                 if exc.error.code == mcp_types.REQUEST_TIMEOUT:  # the session may be fine: keep it
                     raise ApplicationError(
@@ -399,6 +408,8 @@ class MCPSessions:
         guard = await AttemptGuard.check(request.effect, f"MCP tool {server.name}/{request.tool}")
 
         async def send(client: Any) -> Any:
+            if request.effect == "write":
+                await _probe(client, server)
             await guard.claim()  # from here on the server may run it
             return await client.call_tool(request.tool, arguments, read_timeout_seconds=timeout)
 
@@ -481,6 +492,31 @@ class MCPSessions:
             return listing.model_dump(mode="json")
 
         return relaykit_mcp
+
+
+async def _probe(client: Any, server: MCPServer) -> None:
+    """Ask the server for its tools before a ``"write"`` is claimed. A stdio server that died a
+    moment ago looks alive until its session reads the end of the pipe, a few event-loop steps
+    later, and a write claimed in between would end as an unknown outcome although no server
+    ever had it. A probe that finds no server (:class:`_StaleSession`) sends the call to a new
+    session in the same attempt. A listing, because every server answers it: ``ping`` is gone
+    from the protocol since 2026-07-28."""
+    timeout = server.list_timeout.total_seconds()
+    try:
+        await asyncio.wait_for(client.list_tools(), timeout)
+    except TimeoutError:  # alive perhaps, but not answering: this attempt fails, unsent
+        raise ApplicationError(
+            f"MCP server {server.name!r} did not answer within {timeout:.0f}s",
+            type=MCP_SERVER_UNAVAILABLE,
+        ) from None
+    except mcp.MCPError as exc:
+        if exc.error.code == mcp_types.CONNECTION_CLOSED or _session_unknown(exc):
+            raise _StaleSession from None
+        raise
+    except Exception as exc:
+        if _is_transport_error(exc):
+            raise _StaleSession from None
+        raise
 
 
 def _session_unknown(exc: mcp.MCPError) -> bool:
