@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 from temporalio.common import RawValue, RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 from relaykit import Agent, ConfigurationError, MCPServer, RunFailed, start_run, tool
 from relaykit.activities.mcp_activities import MCPSessions
@@ -796,6 +797,37 @@ async def test_http_server_restarted_between_calls_gets_a_new_session_and_no_cal
     first, second = json.loads(results["c1"].content), json.loads(results["c2"].content)
     assert first["pid"] != second["pid"]
     assert http_process.log.done() == {'whoami ""': 2}
+
+
+async def test_write_to_a_stopped_http_server_fails_unsent_and_is_made_once_it_is_back(
+    http_process: HTTPServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A "write" to an HTTP server that is down fails as not sent (MCPServerUnavailable: a retry
+    # may send it), not as a connection lost during the request (an unknown outcome for a
+    # claimed write); once the server is back, the call is made once, on a new session.
+    monkeypatch.setenv("RELAYKIT_TEST_TRACKER_TOKEN", http_process.token)
+    tracker = MCPServer.http(
+        "tracker4",
+        http_process.url,
+        headers_from_env={"Authorization": "Bearer $RELAYKIT_TEST_TRACKER_TOKEN"},
+    )
+    sessions = MCPSessions({tracker.name: tracker})
+
+    def count() -> MCPCallRequest:
+        return MCPCallRequest(server=tracker.name, tool="count", call_id="c", effect="write")
+
+    try:
+        first = await sessions.call_tool(tracker, count())
+        await asyncio.to_thread(http_process.stop)
+        with pytest.raises(ApplicationError) as down:
+            await sessions.call_tool(tracker, count())
+        await asyncio.to_thread(http_process.start)
+        third = await sessions.call_tool(tracker, count())
+    finally:
+        await sessions.aclose()
+    assert first.content.startswith("1 calls") and third.content.startswith("1 calls")
+    assert down.value.type == "MCPServerUnavailable", down.value
+    assert len(http_process.log.pids("count")) == 2
 
 
 # --- a killed worker process ----------------------------------------------------------------------
