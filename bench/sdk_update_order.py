@@ -105,35 +105,50 @@ async def keep_querying(handle: WorkflowHandle[Steps, int]) -> None:
         await asyncio.sleep(0.05)
 
 
-async def one_round(client: Client, address: str) -> str:
-    folder = tempfile.mkdtemp(prefix="update-order-")
-    activities, first = spawn(address, "activities"), spawn(address, "workflows")
-    second = None
+async def misorder(
+    client: Client, address: str, folder: str, processes: list[subprocess.Popen[bytes]]
+) -> WorkflowHandle[Steps, int]:
+    """Steps 1-4 above: the workflow, once its update completed, with steps left to release
+    (``{folder}/release-<n>``); its history then holds the task whose commands are out of
+    order. The worker processes it starts are appended to ``processes`` (the caller kills them).
+    """
+    processes.append(spawn(address, "activities"))
+    first = spawn(address, "workflows")
+    processes.append(first)
+    await asyncio.sleep(2)  # both workers polling
+    handle = await client.start_workflow(
+        Steps.run, folder, id=f"update-order-{uuid.uuid4().hex[:8]}", task_queue="steps"
+    )
+    await asyncio.sleep(1.5)  # the first activity runs
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    processes.append(spawn(address, "workflows"))
+    await asyncio.sleep(1.0)
+    queries = [asyncio.create_task(keep_querying(handle)) for _ in range(3)]
     try:
-        await asyncio.sleep(2)  # both workers polling
-        handle = await client.start_workflow(
-            Steps.run, folder, id=f"update-order-{uuid.uuid4().hex[:8]}", task_queue="steps"
-        )
-        await asyncio.sleep(1.5)  # the first activity runs
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        second = spawn(address, "workflows")
-        await asyncio.sleep(1.0)
-        queries = [asyncio.create_task(keep_querying(handle)) for _ in range(3)]
         await asyncio.sleep(0.5)
         update = asyncio.create_task(handle.execute_update(Steps.bump, 5))
         await asyncio.sleep(0.3)
         Path(folder, "release-0").touch()
         await asyncio.wait_for(update, 60)
+    finally:
+        for task in queries:
+            task.cancel()
+    return handle
+
+
+async def one_round(client: Client, address: str) -> str:
+    folder = tempfile.mkdtemp(prefix="update-order-")
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        handle = await misorder(client, address, folder, processes)
         for n in range(1, STEPS):
             Path(folder, f"release-{n}").touch()
         await asyncio.wait_for(handle.result(), 60)
-        for task in queries:
-            task.cancel()
         history = await handle.fetch_history()
     finally:
-        for process in (activities, first, second):
-            if process is not None and process.poll() is None:
+        for process in processes:
+            if process.poll() is None:
                 process.kill()
     kinds = [e.event_type for e in history.events]
     accepted = kinds.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionDescription
@@ -91,8 +92,6 @@ async def _events_backwards(
 
 async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
     """The last workflow task failure in history (Temporal records the first of a series)."""
-    from temporalio.api.enums.v1 import EventType
-
     async for event in _events_backwards(client, workflow_id, run_id):
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             failure = event.workflow_task_failed_event_attributes.failure
@@ -107,8 +106,6 @@ async def _cause(client: Client, workflow_id: str, run_id: str) -> str:
 async def latest_task_failure(client: Client, workflow_id: str, run_id: str) -> Failure | None:
     """The failure of the run's latest workflow task when that task failed; ``None`` when it
     completed or timed out (a worker gone is no wedge) or no task ended yet."""
-    from temporalio.api.enums.v1 import EventType
-
     ended = (
         EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
         EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
@@ -146,3 +143,118 @@ async def find_stuck(
     ids = list(dict.fromkeys(workflow_ids))
     found = await asyncio.gather(*(one(i) for i in ids))
     return {s.workflow_id: s for s in found if s is not None}
+
+
+# --- the Temporal Python SDK's update ordering ----------------------------------------------------
+
+SDK_ORDERING_SIGNS = (
+    "Update machine does not handle this event",
+    "but there is no corresponding change command",
+)
+"""The two faces of the SDK's ordering fault in a workflow task's failure (docs/deploy.md)."""
+
+_COMMAND_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED,
+        EventType.EVENT_TYPE_MARKER_RECORDED,
+        EventType.EVENT_TYPE_TIMER_STARTED,
+        EventType.EVENT_TYPE_TIMER_CANCELED,
+        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+        EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED,
+        EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
+        EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+        EventType.EVENT_TYPE_REQUEST_CANCEL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+    }
+)
+_UPDATE_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
+    }
+)
+
+
+@dataclass
+class OrderingReset:
+    """Where a run wedged by the SDK's update ordering gets out, and what runs again.
+
+    Live, the worker advanced the run in one activation and accepted an update in a later one
+    of the same workflow task, so the task's commands put the acceptance after others; a replay
+    applies the update first and fails at that task. A reset to the task's start applies the
+    update again, in order. What the run did after that point is discarded and done again:
+    ``again`` counts those activities by type, so a person sees which tools (writes among them)
+    would run a second time before choosing the reset."""
+
+    event_id: int
+    """The task's ``WorkflowTaskStarted`` event: ``temporal workflow reset --event-id``."""
+    again: dict[str, int]
+
+    def command(self, workflow_id: str, run_id: str) -> str:
+        return (
+            f"temporal workflow reset --workflow-id {workflow_id} --run-id {run_id} "
+            f"--event-id {self.event_id} --reason '<your name>: SDK update ordering'"
+        )
+
+    def summary(self) -> str:
+        if not self.again:
+            return "no activity after that point"
+        done = ", ".join(f"{name} x{count}" for name, count in sorted(self.again.items()))
+        return f"the reset discards and makes again: {done}"
+
+
+def ordering_reset_in(events: Sequence[HistoryEvent]) -> OrderingReset | None:
+    """The first workflow task whose commands accept an update after another command (what the
+    SDK's ordering fault leaves in history), or ``None``."""
+    reset = _misordered_task(events)
+    if reset is None:
+        return None
+    again: dict[str, int] = {}
+    for event in events:
+        if event.event_id > reset and event.HasField("activity_task_scheduled_event_attributes"):
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            again[name] = again.get(name, 0) + 1
+    return OrderingReset(reset, again)
+
+
+def _misordered_task(events: Sequence[HistoryEvent]) -> int | None:
+    started = 0
+    in_commands = command_seen = False
+    for event in events:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            started, in_commands = event.event_id, False
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            in_commands, command_seen = True, False
+        elif in_commands and kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            if command_seen:
+                return started
+        elif in_commands and kind in _COMMAND_EVENTS:
+            command_seen = True
+        elif kind not in _UPDATE_EVENTS:
+            in_commands = False
+    return None
+
+
+async def ordering_reset(
+    client: Client, workflow_id: str, run_id: str, cause: str
+) -> OrderingReset | None:
+    """For a run whose wedge (``cause``) reads as the SDK's ordering fault, where a reset gets
+    it out (its history read once); ``None`` for any other wedge."""
+    if not any(sign in cause for sign in SDK_ORDERING_SIGNS):
+        return None
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    return ordering_reset_in([event async for event in handle.fetch_history_events()])
+
+
+WAY_OUT = "roll back the worker's code, or `temporal workflow reset` the run (docs/deploy.md)"
+
+
+def way_out(workflow_id: str, run_id: str, reset: OrderingReset | None) -> str:
+    """What a person does about a wedged run, in one line."""
+    if reset is None:
+        return WAY_OUT
+    return (
+        "the Temporal SDK's update ordering, not your code (docs/deploy.md): "
+        f"`{reset.command(workflow_id, run_id)}`; {reset.summary()}"
+    )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated
 
@@ -118,12 +119,17 @@ async def runs(
     if not rows:
         err_console.print("no stuck runs" if only_stuck else "no runs")
     elif only_stuck:
-        for row in rows:
-            print(f"{row.run_id}: {row.stuck}")
-        err_console.print(
-            "way out: roll back the worker's code, or `temporal workflow reset` each run "
-            "(docs/deploy.md)"
+        from relaykit.stuck import WAY_OUT, ordering_reset, way_out
+
+        resets = await asyncio.gather(
+            *(ordering_reset(client, r.run_id, r.execution, r.stuck or "") for r in rows),
+            return_exceptions=True,
         )
+        for row, reset in zip(rows, resets, strict=True):
+            print(f"{row.run_id}: {row.stuck}")
+            if not isinstance(reset, BaseException) and reset is not None:
+                print(f"  way out: {way_out(row.run_id, row.execution, reset)}")
+        err_console.print(f"way out: {WAY_OUT}", highlight=False)
     else:
         from relaykit.watch import runs_table
 

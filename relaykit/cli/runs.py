@@ -235,16 +235,16 @@ async def result(
 ) -> None:
     """Wait for a run's result and print it; says at once what an open run waits for (a
     person's approval, a resume, a worker)."""
-    from relaykit.stuck import stuck
+    from relaykit.stuck import ordering_reset, stuck, way_out
 
     handle, description = await _described(run_id, address, namespace)
     wedged = await stuck(handle.client, run_id)
     if wedged is not None:  # waiting would never end
+        reset = await ordering_reset(handle.client, run_id, wedged.run_id, wedged.cause)
         raise RelaykitError(
             f"run {run_id} is stuck: its workflow task failed {wedged.attempts} times: "
             f"{wedged.cause}",
-            hint="roll back the worker's code, or `temporal workflow reset` the run "
-            "(docs/deploy.md)",
+            hint=way_out(run_id, wedged.run_id, reset),
         )
     queue = description.task_queue or DEFAULT_TASK_QUEUE
     if no_wait and _is_open(description):
