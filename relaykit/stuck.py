@@ -22,6 +22,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionDescription
+from temporalio.service import RPCError
 
 STUCK_ATTEMPTS = 3
 """A workflow task failing this often is no passing fault (a worker restart costs one)."""
@@ -240,11 +241,15 @@ async def ordering_reset(
     client: Client, workflow_id: str, run_id: str, cause: str
 ) -> OrderingReset | None:
     """For a run whose wedge (``cause``) reads as the SDK's ordering fault, where a reset gets
-    it out (its history read once); ``None`` for any other wedge."""
+    it out (its history read once); ``None`` for any other wedge, or when the history cannot
+    be read (the general way out stands)."""
     if not any(sign in cause for sign in SDK_ORDERING_SIGNS):
         return None
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-    return ordering_reset_in([event async for event in handle.fetch_history_events()])
+    try:
+        return ordering_reset_in([event async for event in handle.fetch_history_events()])
+    except RPCError:
+        return None
 
 
 WAY_OUT = "roll back the worker's code, or `temporal workflow reset` the run (docs/deploy.md)"

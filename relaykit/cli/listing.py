@@ -122,12 +122,11 @@ async def runs(
         from relaykit.stuck import WAY_OUT, ordering_reset, way_out
 
         resets = await asyncio.gather(
-            *(ordering_reset(client, r.run_id, r.execution, r.stuck or "") for r in rows),
-            return_exceptions=True,
+            *(ordering_reset(client, r.run_id, r.execution, r.stuck or "") for r in rows)
         )
         for row, reset in zip(rows, resets, strict=True):
             print(f"{row.run_id}: {row.stuck}")
-            if not isinstance(reset, BaseException) and reset is not None:
+            if reset is not None:
                 print(f"  way out: {way_out(row.run_id, row.execution, reset)}")
         err_console.print(f"way out: {WAY_OUT}", highlight=False)
     else:
