@@ -3,8 +3,8 @@
 Each seed is one run (see :mod:`bench.chaos_model` for what a seed draws): a real ``relaykit
 worker`` process of its own (``bench.chaos_agents``, on a task queue of its own), the scripted
 model server over HTTP playing the model, and a driver that steers, sends, pauses and resumes,
-approves and denies, forks at a random turn, cancels, SIGKILLs the worker and starts it again,
-and deploys a changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed
+approves and denies, forks at a random turn, cancels, SIGKILLs the worker and starts it again
+(or, on a run with MCP, a fifth of the time SIGKILLs its MCP server alone), and deploys a changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed
 instructions and one more tool, at once or rolling; half of the time another model's name,
 which a budgeted run did not price at its start; half of the time other tools needing a
 person's approval), at moments tied to the model's requests.
@@ -19,7 +19,8 @@ at its limit for its best answer, and checks:
   within ``--settle`` seconds after the actions stop;
 - no workflow task failed anywhere (children and continue-as-new runs included), except causes
   that are Temporal's own concurrency (:data:`bench.chaos_checks.BENIGN_TASK_FAILURES`);
-- no write (the ``charge`` and ``work`` tools, the ``on_handoff`` callback) started twice;
+- no write (the ``charge`` and ``work`` tools, the ``on_handoff`` callback, the MCP server's
+  ``slow_write``) started twice;
 - a fork's first model request is the original's request at that turn;
 - an accepted steer or send reaches the model, and never twice in one request;
 - a budgeted run's spend (its children's included) never passes the highest limit it had;
@@ -115,6 +116,8 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     """Outcomes of actions that are allowed (a refused fork, a steer on a run that had ended)."""
     writes: int = 0
+    mcp_writes: int = 0
+    mcp_servers_killed: int = 0
     forks_compared: int = 0
     summaries: int = 0
     child_calls: int = 0
@@ -316,10 +319,12 @@ class Driver:
         return [r for r in self.runs if not await self.closed(r)]
 
     async def act(self, action: Action) -> None:
-        self.out.actions[action.kind] += 1
+        kind = action.kind
+        if kind == "kill" and "mcp" in self.plan.features and 0.4 <= action.knob < 0.6:
+            kind = "mcp kill"  # the MCP server crashes, not the worker
+        self.out.actions[kind] += 1
         runs = await self.open_runs()
         target = runs[int(action.knob * len(runs))] if runs else self.runs[0]
-        kind = action.kind
         if kind in ("steer", "send"):
             mark = f"{kind.upper()}-{uuid.uuid4().hex[:8]}"
             words = f"{mark}: the customer adds one more detail."
@@ -331,6 +336,8 @@ class Driver:
             await self.call("pause", target.handle.pause(by=OPERATOR))
             await asyncio.sleep(0.3 + 2 * action.knob)
             await self.call("resume", target.handle.resume(by=OPERATOR))
+        elif kind == "mcp kill":
+            self.out.mcp_servers_killed += self.rig.kill_mcp_servers()
         elif kind == "kill":
             await asyncio.to_thread(self.rig.kill)
             await asyncio.sleep(2 * action.knob)
@@ -602,7 +609,10 @@ class Driver:
         self.out.summaries = sum(1 for r in requests if is_summary(r))
         self.out.child_calls = sum(1 for r in requests if first_text(r).startswith(CHILD_PREFIX))
         self.out.other_model_calls = sum(1 for r in requests if r.body.get("model") != self.model)
-        self.out.repeated_writes = checks.repeated_writes(self.rig.write_log)
+        self.out.repeated_writes = checks.repeated_writes(
+            self.rig.write_log
+        ) + checks.repeated_mcp_writes(self.rig.mcp_log)
+        self.out.mcp_writes = sum(checks.mcp_write_starts(self.rig.mcp_log).values())
         if not (self.out.actions["kill"] or self.out.actions["deploy"]):  # nothing cut a read
             self.out.violations += checks.repeated_reads(self.rig.write_log)
         self.out.writes = checks.write_starts(self.rig.write_log)
@@ -806,6 +816,8 @@ def table(outcomes: list[Outcome]) -> str:
         ("  stopped at their limit", str(sum(o.budget_stops for o in outcomes))),
         ("operator events checked for an author", str(sum(o.operator_events for o in outcomes))),
         ("kills (SIGKILL + restart)", str(actions["kill"])),
+        ("MCP server kills (the worker goes on)", str(actions["mcp kill"])),
+        ("  server processes killed", str(sum(o.mcp_servers_killed for o in outcomes))),
         ("deploys (changed definition)", str(actions["deploy"])),
         ("  of them with another model", str(actions["deploy with another model"])),
         ("  model calls by its name", str(sum(o.other_model_calls for o in outcomes))),
@@ -815,6 +827,7 @@ def table(outcomes: list[Outcome]) -> str:
         ),
         ("  approvals asked for work (after such a deploy)", str(actions["asked for work"])),
         ("write starts", str(sum(o.writes for o in outcomes))),
+        ("MCP write starts (slow_write)", str(sum(o.mcp_writes for o in outcomes))),
         ("summary calls (compaction)", str(sum(o.summaries for o in outcomes))),
         ("model calls of child runs", str(sum(o.child_calls for o in outcomes))),
         ("forks compared with the original", str(sum(o.forks_compared for o in outcomes))),

@@ -178,7 +178,7 @@ def build() -> list[Agent]:
                 "docs",
                 [sys.executable, str(MCP_SERVER_SCRIPT)],
                 env_from_env=["MCP_TEST_LOG"],
-                include=["read_doc", "slow"],
+                include=["read_doc", "slow", "slow_write"],
                 retry=_RETRY,
             )
         )

@@ -116,6 +116,29 @@ def repeated_writes(log: Path) -> list[str]:
     ]
 
 
+def mcp_write_starts(log: Path) -> collections.Counter[str]:
+    """Starts of the MCP server's write (``slow_write``) by the call's ref, from the log the
+    server appends to (``pid tool phase argument``)."""
+    if not log.exists():
+        return collections.Counter()
+    starts: collections.Counter[str] = collections.Counter()
+    for line in log.read_text(encoding="utf-8").splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) == 4 and parts[1:3] == ["slow_write", "start"]:
+            starts[parts[3]] += 1
+    return starts
+
+
+def repeated_mcp_writes(log: Path) -> list[str]:
+    """The MCP write started more than once for one call (after a server or worker kill, the
+    outcome of a claimed write is unknown and it is not sent again)."""
+    return [
+        f"MCP slow_write {ref} started {n} times"
+        for ref, n in sorted(mcp_write_starts(log).items())
+        if n > 1
+    ]
+
+
 def repeated_reads(log: Path) -> list[str]:
     """Starts of the approval-gated read (``lookup``) seen more than once for one call: with no
     worker killed or stopped, an answered approval runs its tool once, however many answers

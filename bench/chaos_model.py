@@ -256,7 +256,9 @@ def _turn_step(kind: str, k: int, names: list[str], ref: str, delay: float) -> S
         return call("spawn_subagent", prompt=f"{CHILD_PREFIX}{ref}")
     if kind == "wait" and offered("wait_subagents"):
         return call("wait_subagents", timeout_seconds=3)
-    if kind == "mcp":
+    if kind == "mcp":  # on even turns a write (no hints), which must start once
+        if k % 2 == 0 and offered("docs_slow_write"):
+            return call("docs_slow_write", seconds=round(0.5 + delay, 2), ref=ref)
         slow = [n for n in names if n.startswith("docs") and n.endswith("slow")]
         if slow:
             return call(slow[0], seconds=round(0.5 + delay, 2))

@@ -58,7 +58,7 @@ class Rig:
             CHAOS_VERSION=str(self.version),
             CHAOS_APPROVALS=self.approvals,
             CHAOS_LOG=str(self.write_log),
-            MCP_TEST_LOG=str(self.work / "mcp.log"),
+            MCP_TEST_LOG=str(self.mcp_log),
         )
         return env
 
@@ -93,6 +93,31 @@ class Rig:
             proc = self.live.pop()
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
+
+    @property
+    def mcp_log(self) -> Path:
+        return self.work / "mcp.log"
+
+    def kill_mcp_servers(self) -> int:
+        """SIGKILL the MCP servers of the live workers (their stdio subprocesses), as a server
+        crash would; the workers go on. How many were killed."""
+        workers = {p.pid for p in self.live}
+        killed = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                command = (entry / "cmdline").read_bytes()
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent in workers and b"mcp_docs_server.py" in command:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+        return killed
 
     def stop_oldest(self) -> None:
         """SIGTERM: a graceful shutdown, as a deploy does."""

@@ -110,19 +110,20 @@ def delete_doc(name: str) -> str:
 
 
 @server.tool()
-async def slow_write(seconds: float) -> str:
+async def slow_write(seconds: float, ref: str = "") -> str:
     """Append to a ledger after a wait (a write: no hints; killed mid-call by the crash tests).
 
     Args:
         seconds: How long to wait.
+        ref: What the write is for (logged instead of the wait when given).
     """
-    _log("slow_write", "start", seconds)
+    _log("slow_write", "start", ref or seconds)
     release = os.environ.get("MCP_TEST_RELEASE")
     waited = 0.0
     while waited < seconds or (release and not Path(release).exists()):
         await asyncio.sleep(0.05)
         waited += 0.05
-    _log("slow_write", "done", seconds)
+    _log("slow_write", "done", ref or seconds)
     return f"wrote after {seconds}"
 
 

@@ -27,9 +27,9 @@ from relaykit.testing.scripted_server import ScriptedModelServer
 
 SEEDS = [18, 24, 48, 82, 106, 386, 1661]
 """Chosen to cover every part of the graph, every kind of action and every ``on_limit`` between
-them (see ``bench.chaos_model.draw``): 18 kills and deploys a handoff run with subagents, MCP and
-summaries; 24 does every action but cancel on a summarizing run with subagents; 48 kills, forks,
-pauses and cancels with an agent tool and MCP; 82 pauses and cancels at its limit a budgeted
+them (see ``bench.chaos_model.draw``): 18 kills its MCP server and deploys a handoff run with
+subagents, MCP and summaries; 24 does every action but cancel on a summarizing run with
+subagents; 48 kills its MCP server, forks, pauses and cancels with an agent tool and MCP; 82 pauses and cancels at its limit a budgeted
 handoff run with an agent tool that finishes at its limit; 106 steers, raises and pauses a
 budgeted run with subagents that fails at its limit and continues as new; 386 sets the limit,
 asks for the best answer, kills and forks a budgeted MCP run that waits at its limit; 1661 deploys
@@ -49,6 +49,8 @@ async def test_fixed_seeds_of_operator_actions_and_faults_keep_every_run_safe(
     failing = [o.report() for o in outcomes if o.failed]
     assert not failing, "\n\n".join(failing)
     assert sum(o.actions["kill"] for o in outcomes) > 0
+    assert sum(o.mcp_servers_killed for o in outcomes) > 0  # seeds 18 and 48
+    assert sum(o.mcp_writes for o in outcomes) > 0
     assert sum(len(o.ended) for o in outcomes) > len(SEEDS)  # forks ran too
     assert sum(o.budget_runs for o in outcomes) > 0
     assert sum(o.other_model_calls for o in outcomes) > 0

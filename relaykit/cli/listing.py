@@ -101,8 +101,22 @@ async def runs(
         ) from None
     rows = listed.rows
     more = f"more: --page {listed.next_page_token}" if listed.next_page_token else None
+    ways: list[str | None] = [None] * len(rows)
+    if only_stuck:  # a wedge relaykit can name gets its own way out
+        from relaykit.stuck import ordering_reset, way_out
+
+        resets = await asyncio.gather(
+            *(ordering_reset(client, r.run_id, r.execution, r.stuck or "") for r in rows)
+        )
+        ways = [
+            None if reset is None else way_out(row.run_id, row.execution, reset)
+            for row, reset in zip(rows, resets, strict=True)
+        ]
     if as_json:
-        print(json.dumps([row.to_json() for row in rows], indent=2))
+        out = [row.to_json() for row in rows]
+        if only_stuck:
+            out = [{**row, "way_out": way} for row, way in zip(out, ways, strict=True)]
+        print(json.dumps(out, indent=2))
         if more:
             err_console.print(more, highlight=False, soft_wrap=True)
         return
@@ -119,15 +133,12 @@ async def runs(
     if not rows:
         err_console.print("no stuck runs" if only_stuck else "no runs")
     elif only_stuck:
-        from relaykit.stuck import WAY_OUT, ordering_reset, way_out
+        from relaykit.stuck import WAY_OUT
 
-        resets = await asyncio.gather(
-            *(ordering_reset(client, r.run_id, r.execution, r.stuck or "") for r in rows)
-        )
-        for row, reset in zip(rows, resets, strict=True):
+        for row, way in zip(rows, ways, strict=True):
             print(f"{row.run_id}: {row.stuck}")
-            if reset is not None:
-                print(f"  way out: {way_out(row.run_id, row.execution, reset)}")
+            if way is not None:
+                print(f"  way out: {way}")
         err_console.print(f"way out: {WAY_OUT}", highlight=False)
     else:
         from relaykit.watch import runs_table
