@@ -29,12 +29,12 @@ SEEDS = [18, 24, 48, 82, 106, 386, 1661]
 """Chosen to cover every part of the graph, every kind of action and every ``on_limit`` between
 them (see ``bench.chaos_model.draw``): 18 kills its MCP server and deploys a handoff run with
 subagents, MCP and summaries; 24 does every action but cancel on a summarizing run with
-subagents; 48 kills its MCP server, forks, pauses and cancels with an agent tool and MCP; 82 pauses and cancels at its limit a budgeted
-handoff run with an agent tool that finishes at its limit; 106 steers, raises and pauses a
-budgeted run with subagents that fails at its limit and continues as new; 386 sets the limit,
-asks for the best answer, kills and forks a budgeted MCP run that waits at its limit; 1661 deploys
-another model under a budgeted run with subagents that continues as new (it wedged before
-budgeted runs priced a deployed model)."""
+subagents; 48 kills its MCP server, forks, pauses and cancels with an agent tool and MCP; 82
+pauses and cancels at its limit a budgeted handoff run with an agent tool that finishes at its
+limit; 106 steers, raises and pauses a budgeted run with subagents that fails at its limit and
+continues as new; 386 sets the limit, asks for the best answer, kills and forks a budgeted MCP
+run that waits at its limit; 1661 deploys another model under a budgeted run with subagents
+that continues as new (it wedged before budgeted runs priced a deployed model)."""
 CONCURRENCY = 2
 
 
