@@ -4,10 +4,11 @@ Each seed is one run (see :mod:`bench.chaos_model` for what a seed draws): a rea
 worker`` process of its own (``bench.chaos_agents``, on a task queue of its own), the scripted
 model server over HTTP playing the model, and a driver that steers, sends, pauses and resumes,
 approves and denies, forks at a random turn, cancels, SIGKILLs the worker and starts it again
-(or, on a run with MCP, a fifth of the time SIGKILLs its MCP server alone), and deploys a changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed
-instructions and one more tool, at once or rolling; half of the time another model's name,
-which a budgeted run did not price at its start; half of the time other tools needing a
-person's approval), at moments tied to the model's requests.
+(or, on a run with MCP, a fifth of the time SIGKILLs its MCP server alone), and deploys a
+changed definition (the worker restarted with a new ``CHAOS_VERSION``: changed instructions and
+one more tool, at once or rolling; half of the time another model's name, which a budgeted run
+did not price at its start; half of the time other tools needing a person's approval), at
+moments tied to the model's requests.
 A run with the ``budget`` feature has a dollar limit and an ``on_limit``; the operator raises
 or sets the limit, asks for the best answer so far or cancels it (an action due while the run
 waits at its limit fires at once: a run that waits makes no requests). Approvals are answered
@@ -583,8 +584,10 @@ class Driver:
     async def check(self) -> None:
         requests = self.server.requests(self.model)
         limits = [limit for run in self.runs for limit in run.limits]
+        trees = []
         for run in self.runs:
             tree = await checks.workflow_tree(self.client, run.handle.id, None)
+            trees.append(tree)
             wedges, benign = checks.task_failures(tree)
             self.out.wedges += wedges
             if wedges:  # replayable with Temporal's Replayer, beside the worker logs
@@ -611,7 +614,7 @@ class Driver:
         self.out.other_model_calls = sum(1 for r in requests if r.body.get("model") != self.model)
         self.out.repeated_writes = checks.repeated_writes(
             self.rig.write_log
-        ) + checks.repeated_mcp_writes(self.rig.mcp_log)
+        ) + checks.repeated_mcp_writes(self.rig.mcp_log, checks.mcp_write_calls(trees))
         self.out.mcp_writes = sum(checks.mcp_write_starts(self.rig.mcp_log).values())
         if not (self.out.actions["kill"] or self.out.actions["deploy"]):  # nothing cut a read
             self.out.violations += checks.repeated_reads(self.rig.write_log)

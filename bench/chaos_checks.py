@@ -129,13 +129,35 @@ def mcp_write_starts(log: Path) -> collections.Counter[str]:
     return starts
 
 
-def repeated_mcp_writes(log: Path) -> list[str]:
-    """The MCP write started more than once for one call (after a server or worker kill, the
+def mcp_write_calls(trees: Iterable[list[Any]]) -> collections.Counter[str]:
+    """The MCP write's calls by ref, from the runs' histories: one scheduled activity per call
+    (a fork runs the turns after its fork point again, with the same refs, as calls of its own).
+    """
+    calls: collections.Counter[str] = collections.Counter()
+    for tree in trees:
+        for _, _, events in tree:
+            for e in events:
+                if e.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    continue
+                attrs = e.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name != "mcp:docs/slow_write":
+                    continue
+                try:
+                    request = json.loads(attrs.input.payloads[0].data)
+                    ref = json.loads(request.get("arguments") or "{}").get("ref", "")
+                except (ValueError, IndexError, AttributeError):
+                    continue
+                calls[json.dumps(ref, ensure_ascii=False)] += 1
+    return calls
+
+
+def repeated_mcp_writes(log: Path, calls: collections.Counter[str]) -> list[str]:
+    """An MCP write started more often than it was called (after a server or worker kill, the
     outcome of a claimed write is unknown and it is not sent again)."""
     return [
-        f"MCP slow_write {ref} started {n} times"
+        f"MCP slow_write {ref} started {n} times for {calls[ref]} call(s)"
         for ref, n in sorted(mcp_write_starts(log).items())
-        if n > 1
+        if n > calls[ref]
     ]
 
 
