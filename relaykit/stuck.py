@@ -151,8 +151,13 @@ async def find_stuck(
 SDK_ORDERING_SIGNS = (
     "Update machine does not handle this event",
     "but there is no corresponding change command",
+    "does not match activity id of activity command",
 )
-"""The two faces of the SDK's ordering fault in a workflow task's failure (docs/deploy.md)."""
+"""The faces of the SDK's ordering fault in a workflow task's failure (docs/deploy.md)."""
+_SKIPPED_ACTIVITY = re.compile(
+    r"Activity id of scheduled event '([^']+)' does not match activity id of activity command "
+    r"'([^']+)'"
+)
 
 _COMMAND_EVENTS = frozenset(
     {
@@ -204,10 +209,16 @@ class OrderingReset:
         return f"the reset discards and makes again: {done}"
 
 
-def ordering_reset_in(events: Sequence[HistoryEvent]) -> OrderingReset | None:
+def ordering_reset_in(events: Sequence[HistoryEvent], cause: str = "") -> OrderingReset | None:
     """The first workflow task whose commands accept an update after another command (what the
-    SDK's ordering fault leaves in history), or ``None``."""
-    reset = _misordered_task(events)
+    SDK's ordering fault leaves in history), or ``None``.
+
+    The fault has a third face, which ``cause`` (the task's failure) names: live, the update
+    cancelled an activity the run had scheduled in an earlier activation of the same task, so
+    the command was never sent and its id is missing from history; a replay applies the update
+    first, never schedules that activity, and gives the next one the missing id. The task to
+    reset to is the one that accepted an update and scheduled the activity named."""
+    reset = _misordered_task(events) or _task_that_skipped(events, cause)
     if reset is None:
         return None
     again: dict[str, int] = {}
@@ -237,6 +248,32 @@ def _misordered_task(events: Sequence[HistoryEvent]) -> int | None:
     return None
 
 
+def _task_that_skipped(events: Sequence[HistoryEvent], cause: str) -> int | None:
+    found = _SKIPPED_ACTIVITY.search(cause)
+    if found is None:
+        return None
+    scheduled, command = found.groups()
+    ids = {
+        e.activity_task_scheduled_event_attributes.activity_id
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    if command in ids:  # no id is missing: another change of code, not the dropped command
+        return None
+    started = 0
+    accepted = False
+    for event in events:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            started, accepted = event.event_id, False
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            accepted = True
+        elif event.HasField("activity_task_scheduled_event_attributes"):
+            if event.activity_task_scheduled_event_attributes.activity_id == scheduled:
+                return started if accepted else None
+    return None
+
+
 async def ordering_reset(
     client: Client, workflow_id: str, run_id: str, cause: str
 ) -> OrderingReset | None:
@@ -247,9 +284,10 @@ async def ordering_reset(
         return None
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     try:
-        return ordering_reset_in([event async for event in handle.fetch_history_events()])
+        events = [event async for event in handle.fetch_history_events()]
     except RPCError:
         return None
+    return ordering_reset_in(events, cause)
 
 
 WAY_OUT = "roll back the worker's code, or `temporal workflow reset` the run (docs/deploy.md)"
