@@ -586,7 +586,9 @@ class Driver:
         limits = [limit for run in self.runs for limit in run.limits]
         trees = []
         for run in self.runs:
-            tree = await checks.workflow_tree(self.client, run.handle.id, None)
+            workflow = run.handle.workflow  # from its first run: the chain's earlier runs too
+            first = workflow.first_execution_run_id or workflow.result_run_id
+            tree = await checks.workflow_tree(self.client, run.handle.id, first)
             trees.append(tree)
             wedges, benign = checks.task_failures(tree)
             self.out.wedges += wedges
