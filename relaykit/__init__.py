@@ -11,6 +11,7 @@ import relaykit._lean  # noqa: F401  (first: decides how httpx is imported)
 
 # isort: split
 from relaykit.agent import Agent, AgentTool, ApprovalOrder, Budget, RunContext
+from relaykit.budget_state import BudgetView
 from relaykit.context_policy import ContextPolicy, default_context_policy
 from relaykit.errors import (
     ApprovalNotWaiting,
@@ -149,6 +150,7 @@ __all__ = [
     "ApprovalNotWaiting",
     "ApprovalOrder",
     "Budget",
+    "BudgetView",
     "BulkAnswer",
     "CancelSubagentArgs",
     "ConfigurationError",

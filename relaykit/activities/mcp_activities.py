@@ -354,9 +354,10 @@ class MCPSessions:
                     f"({_describe(exc)})",
                     type=MCP_CONNECTION_LOST,
                 ) from None
-        raise ApplicationError(
-            f"MCP server {server.name!r} did not know the session it had just opened",
-            type=MCP_CONNECTION_LOST,
+        raise ApplicationError(  # the request was not sent: a retry may send it
+            f"MCP server {server.name!r} lost the session it had just opened before the request "
+            "was sent",
+            type=MCP_SERVER_UNAVAILABLE,
         )
 
     async def list_tools(self, server: MCPServer) -> MCPListing:
