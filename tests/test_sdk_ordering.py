@@ -28,8 +28,10 @@ from relaykit.stuck import (
     latest_task_failure,
     ordering_reset,
     ordering_reset_in,
+    stuck,
     way_out,
 )
+from tests.support import cli, eventually
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
 
@@ -118,6 +120,16 @@ async def test_the_reset_relaykit_names_gets_a_wedged_run_out_and_applies_its_up
         reset = await ordering_reset(client, handle.id, run_id, failure.message)
         assert reset is not None, failure.message
         assert reset.again == {"step": 1}  # the second step, scheduled before the acceptance
+        # What a person sees: once the run counts as stuck, `relaykit result` does not wait
+        # and names this reset, whole, with what it makes again.
+        await eventually(
+            lambda: stuck(client, handle.id), "the run to count as stuck", timeout=120, every=1
+        )
+        code, _, err = await cli("result", handle.id, address=temporal_server.address)
+        assert code == 1, err
+        assert f"run {handle.id} is stuck" in err
+        assert f"--run-id {run_id} --event-id {reset.event_id}" in err, err
+        assert "discards and makes again: step x1" in err, err
         await client.workflow_service.reset_workflow_execution(
             ResetWorkflowExecutionRequest(
                 namespace=client.namespace,
