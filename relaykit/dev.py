@@ -317,6 +317,11 @@ async def run_worker(
         )
         for queue, limit in served.model_queues().items():
             console.print(f"model calls on [bold]{queue}[/bold] (limit: {limit})")
+        if not served.models_only:
+            console.print(
+                f"keeps up to {served.max_cached_workflows} runs in memory between their steps "
+                "(--max-cached-workflows)"
+            )
         if served.build is not None:
             console.print(
                 f"deployment [bold]{served.build.deployment_name}[/bold], build "

@@ -51,6 +51,8 @@ DEFAULT_STICKY_TIMEOUT = timedelta(seconds=3)
 """How long a run's next workflow task waits for the worker that has the run cached before any
 worker may take it. Temporal's 10 s is what every run on a crashed worker loses; replaying a
 run elsewhere costs far less."""
+TEMPORAL_MAX_CACHED_WORKFLOWS = 1000
+"""Temporal's own bound on the runs a worker keeps in memory between their steps."""
 DEFAULT_GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 """How long ``relaykit worker`` and ``relaykit dev`` let calls in flight finish on SIGTERM or
 Ctrl-C before cancelling them (cancelled calls are retried on another worker)."""
@@ -97,6 +99,11 @@ class Worker:
     the CLI uses :data:`DEFAULT_GRACEFUL_SHUTDOWN`) are Temporal worker options, as is anything
     else passed as a keyword.
 
+    ``max_cached_workflows`` (default Temporal's, :data:`TEMPORAL_MAX_CACHED_WORKFLOWS`) bounds
+    the runs the worker keeps in memory between their steps, and so its memory: a waiting run
+    not kept costs almost nothing, and replays its history on its next step (docs/fleet.md,
+    "Sizing workers"). 0 keeps none.
+
     Model calls of new runs run on their provider's task queue (``<task_queue>.model.<provider>``
     or ``ModelSpec.task_queue``; :mod:`relaykit.models.queues`), which this worker polls too, for
     every model of the agents it serves. ``model_limits`` (``{"openai": "8,20/s"}``, keyed by
@@ -126,6 +133,7 @@ class Worker:
         tool_threads: int = DEFAULT_TOOL_THREADS,
         sticky_queue_schedule_to_start_timeout: timedelta = DEFAULT_STICKY_TIMEOUT,
         max_concurrent_activities: int | None = None,
+        max_cached_workflows: int | None = None,
         graceful_shutdown_timeout: timedelta | None = None,
         deployment: str | None = None,
         build_id: str | None = None,
@@ -136,6 +144,10 @@ class Worker:
     ) -> None:
         if tool_threads < 1:
             raise ConfigurationError(f"tool_threads must be at least 1, got {tool_threads}")
+        if max_cached_workflows is not None and max_cached_workflows < 0:
+            raise ConfigurationError(
+                f"max_cached_workflows cannot be negative, got {max_cached_workflows}"
+            )
         if not task_queue_name(task_queue, "the worker's task_queue"):
             raise ConfigurationError("the worker's task_queue is empty", hint="name a task queue")
         roots = [agents] if isinstance(agents, Agent) else list(agents)
@@ -176,6 +188,12 @@ class Worker:
         )
         if max_concurrent_activities is not None:
             worker_options["max_concurrent_activities"] = max_concurrent_activities
+        if max_cached_workflows is not None:
+            worker_options["max_cached_workflows"] = max_cached_workflows
+        self.max_cached_workflows = worker_options.get(
+            "max_cached_workflows", TEMPORAL_MAX_CACHED_WORKFLOWS
+        )
+        """How many runs this worker keeps in memory between their steps."""
         versioned = deployment_config(deployment, build_id)
         if versioned is not None:
             worker_options["deployment_config"] = versioned

@@ -63,6 +63,17 @@ MaxActivitiesOpt = Annotated[
         help="Model and tool calls run at once (default: Temporal's)",
     ),
 ]
+CacheOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-cached-workflows",
+        min=0,
+        help=(
+            "Runs kept in memory between their steps (default: Temporal's, 1000); a run not "
+            "kept replays its history on its next step"
+        ),
+    ),
+]
 StickyOpt = Annotated[
     float,
     typer.Option(
@@ -88,7 +99,11 @@ GraceOpt = Annotated[
 
 
 def worker_options(
-    tool_threads: int, max_concurrent_activities: int | None, sticky_timeout: float, grace: float
+    tool_threads: int,
+    max_concurrent_activities: int | None,
+    sticky_timeout: float,
+    grace: float,
+    max_cached_workflows: int | None = None,
 ) -> dict[str, Any]:
     """The ``relaykit.Worker`` keywords the ``worker`` and ``dev`` commands share."""
     from datetime import timedelta
@@ -96,6 +111,7 @@ def worker_options(
     return {
         "tool_threads": tool_threads,
         "max_concurrent_activities": max_concurrent_activities,
+        "max_cached_workflows": max_cached_workflows,
         "sticky_queue_schedule_to_start_timeout": timedelta(seconds=sticky_timeout),
         "graceful_shutdown_timeout": timedelta(seconds=grace),
     }

@@ -11,6 +11,7 @@ import typer
 
 from relaykit.cli.common import (
     AddressOpt,
+    CacheOpt,
     GraceOpt,
     MaxActivitiesOpt,
     NamespaceOpt,
@@ -46,6 +47,7 @@ async def worker(
     namespace: NamespaceOpt = None,
     tool_threads: ToolThreadsOpt = DEFAULT_TOOL_THREADS,
     max_concurrent_activities: MaxActivitiesOpt = None,
+    max_cached_workflows: CacheOpt = None,
     sticky_timeout: StickyOpt = DEFAULT_STICKY_TIMEOUT.total_seconds(),
     graceful_shutdown: GraceOpt = DEFAULT_GRACEFUL_SHUTDOWN.total_seconds(),
     deployment: Annotated[
@@ -114,7 +116,11 @@ async def worker(
         model_limits=limits or None,
         models_only=models_only,
         **worker_options(
-            tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown
+            tool_threads,
+            max_concurrent_activities,
+            sticky_timeout,
+            graceful_shutdown,
+            max_cached_workflows,
         ),
     )
     err_console.print("worker stopped")
@@ -230,6 +236,7 @@ def dev(
     task_queue: TaskQueueOpt = DEFAULT_TASK_QUEUE,
     tool_threads: ToolThreadsOpt = DEFAULT_TOOL_THREADS,
     max_concurrent_activities: MaxActivitiesOpt = None,
+    max_cached_workflows: CacheOpt = None,
     sticky_timeout: StickyOpt = DEFAULT_STICKY_TIMEOUT.total_seconds(),
     graceful_shutdown: GraceOpt = DEFAULT_GRACEFUL_SHUTDOWN.total_seconds(),
 ) -> None:
@@ -238,7 +245,11 @@ def dev(
     from relaykit.dev import run_dev
 
     options = worker_options(
-        tool_threads, max_concurrent_activities, sticky_timeout, graceful_shutdown
+        tool_threads,
+        max_concurrent_activities,
+        sticky_timeout,
+        graceful_shutdown,
+        max_cached_workflows,
     )
     try:
         asyncio.run(
