@@ -157,6 +157,39 @@ async def test_finish_makes_one_last_call_without_tools_paid_from_the_reserve(
     assert result.usage.cost_usd <= 0.006
 
 
+async def test_the_last_call_counts_the_answer_it_sends_back_and_its_reminder(
+    client: Client, model_server: ScriptedModelServer
+) -> None:
+    """The fuzzer's seed 2639: a stand-in counted an answer's output as 5 tokens, which cost far
+    more sent back as input, and the last call's reminder was left out of its estimate, so the
+    last call of a run at its limit spent past it. Here the first answer is a 1 kB tool call
+    counted as no output at all, and a provider would count the last call at 2,900 input
+    tokens: more than the $0.0029 left."""
+    model = priced_model(model_server)
+    model_server.script(
+        model.name,
+        [
+            spend(2000, call("look", topic="t" * 1000)),
+            dataclasses.replace(text("best answer so far"), usage=(2900, 32)),
+        ],
+    )
+    agent = Agent(name="last_caller", model=model, tools=[look], model_settings=SMALL)
+    async with serving(client, agent) as worker:
+        handle = await start_run(
+            client,
+            agent,
+            "go",
+            task_queue=worker.task_queue,
+            budget=Budget(max_usd=0.0049, on_limit="finish", finish_reserve=0.5),
+        )
+        with pytest.raises(RunFailed) as failure:
+            await handle.result()
+        spent = (await handle.state()).usage.cost_usd
+    assert failure.value.type == "BudgetExceeded"
+    assert len(model_server.requests(model.name)) == 1  # the last call did not fit: not made
+    assert spent <= 0.0049
+
+
 async def test_a_model_without_a_price_refuses_a_dollar_limited_run_unless_counted_free(
     client: Client, model_server: ScriptedModelServer
 ) -> None:

@@ -192,6 +192,11 @@ def shortfall(request: ModelRequest, price: list[float], known_input: int, room:
     return max(cost - room, 0.0)
 
 
+def message_tokens(message: Message) -> int:
+    """An over-estimate of the tokens ``message`` costs as input, framing included."""
+    return _message_bytes(message) // BYTES_PER_TOKEN + 16
+
+
 def _message_bytes(message: Message) -> int:
     size = len((message.content or "").encode()) + 8
     for call in message.tool_calls:
