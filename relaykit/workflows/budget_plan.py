@@ -25,7 +25,7 @@ from temporalio import workflow
 
 from relaykit.agent import Agent, AgentTool, Budget, as_handoff
 from relaykit.budget_state import BudgetAnswer, BudgetAsk, BudgetChange
-from relaykit.messages import Message, Usage
+from relaykit.messages import Message, ModelResponse, Usage
 from relaykit.models.spec import ModelRequest, ModelSpec
 from relaykit.workflows.run_state import Run, signal_workflow
 
@@ -42,6 +42,8 @@ FINAL_REMINDER = (
     "The budget for this run is spent. Do not call tools: answer now, as well as you can, with "
     "what you have found so far, and say what is left undone."
 )
+FINAL_CALL = {"final_call": True, "reminder": FINAL_REMINDER}
+"""What makes a request the last call (its estimate counts the reminder)."""
 ASK_SIGNAL = "budget_ask"
 """Signal a child sends its parent at its reservation (payload :class:`BudgetAsk`;
 compatibility data)."""
@@ -192,9 +194,15 @@ def shortfall(request: ModelRequest, price: list[float], known_input: int, room:
     return max(cost - room, 0.0)
 
 
-def message_tokens(message: Message) -> int:
-    """An over-estimate of the tokens ``message`` costs as input, framing included."""
-    return _message_bytes(message) // BYTES_PER_TOKEN + 16
+def known_prefix(response: ModelResponse, over: bool) -> int:
+    """The tokens of a call's input and answer, as the next call sends them. A provider counts
+    an answer's output without the framing it adds around a message sent back (and a stand-in
+    may count it as it likes): ``over`` takes the larger of its output tokens and an
+    over-estimate by the answer's bytes."""
+    answer = response.usage.output_tokens
+    if over:
+        answer = max(answer, _message_bytes(response.message) // BYTES_PER_TOKEN + 16)
+    return response.usage.input_tokens + answer
 
 
 def _message_bytes(message: Message) -> int:

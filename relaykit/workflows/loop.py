@@ -293,9 +293,7 @@ class TurnLoop:
                     run.transport.forget(self.state)
         run.transport.after_store(self.state, response)
         run.add_call_usage(agent.name, request.model.label, response)
-        self.spend.after_call(
-            response.usage.input_tokens, response.usage.output_tokens, response.message
-        )
+        self.spend.after_call(response)
         self._last_input_tokens = response.usage.input_tokens
         return response
 

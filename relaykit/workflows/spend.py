@@ -30,7 +30,7 @@ from temporalio import workflow
 from relaykit import errors
 from relaykit.agent import Budget
 from relaykit.budget_state import BudgetAnswer, BudgetAsk, SpendState
-from relaykit.messages import Message
+from relaykit.messages import ModelResponse
 from relaykit.models.spec import ModelRequest
 from relaykit.workflows import budget_plan as plan
 from relaykit.workflows import budget_stops
@@ -91,19 +91,14 @@ class Spend:
             return request
         while True:
             if s.phase == "finishing":  # the last call: no tools, the reserve too
-                final = request.model_copy(
-                    update={"final_call": True, "reminder": plan.FINAL_REMINDER}
-                )
-                # Its estimate counts the reminder it sends. Runs that record their stops replay
-                # what they recorded; runs started before estimated without it, and still do.
+                final = request.model_copy(update=plan.FINAL_CALL)
+                # Estimated with its reminder where stops are recorded (replays read those).
                 estimated = final if s.recorded_stops else request
                 fitted = await budget_stops.fitted(self, estimated, 0.0, plan.MIN_FINAL_OUTPUT)
                 if fitted is None:
                     return self._fail(request)
                 s.phase = "finished"
-                return fitted.model_copy(
-                    update={"final_call": True, "reminder": plan.FINAL_REMINDER}
-                )
+                return fitted.model_copy(update=plan.FINAL_CALL)
             if s.phase != "reached":  # (waiting at the limit: for a person or children's asks)
                 room = self.available() - s.finish_reserve
                 fitted = await budget_stops.fitted(self, request, s.finish_reserve, plan.MIN_OUTPUT)
@@ -128,19 +123,10 @@ class Spend:
         cap = plan.output_cap(request, price, s.known_input, room, floor)
         return None if cap is None else request.model_copy(update={"output_cap": cap})
 
-    def after_call(self, input_tokens: int, output_tokens: int, answer: Message) -> None:
-        """What the stored prefix now holds, for the next call's estimate: the call's input as
-        the provider counted it, and its answer, which the next call sends as input. A provider
-        counts an answer's output tokens without the framing it adds around a message sent
-        back (and a stand-in may count them as it likes), so runs that record their stops take
-        the larger of those tokens and the answer's over-estimate by its bytes."""
-        s = self.state
-        if s is None:
-            return
-        answer_tokens = output_tokens
-        if s.recorded_stops:
-            answer_tokens = max(output_tokens, plan.message_tokens(answer))
-        s.known_input = input_tokens + answer_tokens
+    def after_call(self, response: ModelResponse) -> None:
+        """What the stored prefix now holds, for the next call's estimate."""
+        if self.state is not None:
+            self.state.known_input = plan.known_prefix(response, self.state.recorded_stops)
 
     def _price(self, request: ModelRequest) -> list[float]:
         s = self.state
