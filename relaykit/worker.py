@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -51,8 +52,11 @@ DEFAULT_STICKY_TIMEOUT = timedelta(seconds=3)
 """How long a run's next workflow task waits for the worker that has the run cached before any
 worker may take it. Temporal's 10 s is what every run on a crashed worker loses; replaying a
 run elsewhere costs far less."""
-TEMPORAL_MAX_CACHED_WORKFLOWS = 1000
-"""Temporal's own bound on the runs a worker keeps in memory between their steps."""
+TEMPORAL_MAX_CACHED_WORKFLOWS: int = (
+    inspect.signature(TemporalWorker).parameters["max_cached_workflows"].default
+)
+"""Temporal's own bound on the runs a worker keeps in memory between their steps (read from its
+worker, so it stays Temporal's)."""
 DEFAULT_GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 """How long ``relaykit worker`` and ``relaykit dev`` let calls in flight finish on SIGTERM or
 Ctrl-C before cancelling them (cancelled calls are retried on another worker)."""

@@ -35,6 +35,8 @@ MIN_OUTPUT = 256
 """A call that could not write this many tokens (or its own smaller limit) is not started."""
 MIN_FINAL_OUTPUT = 32
 """The last answer's floor: below it the run has nothing left to answer with."""
+FRAMING_TOKENS = 16
+"""What the estimate adds for the framing a provider puts around a request or a message."""
 BYTES_PER_TOKEN = 2
 """What the estimate of text not yet counted by a provider assumes (fewer than any tokenizer
 of English, so the estimate errs high)."""
@@ -165,7 +167,7 @@ def input_tokens(request: ModelRequest, known_input: int) -> int:
     if request.tools:
         size += len(json.dumps([t.model_dump(mode="json") for t in request.tools]))
     known = known_input if request.base_ref or request.static_ref else 0
-    return known + size // BYTES_PER_TOKEN + 16
+    return known + size // BYTES_PER_TOKEN + FRAMING_TOKENS
 
 
 def output_cap(
@@ -201,7 +203,7 @@ def known_prefix(response: ModelResponse, over: bool) -> int:
     over-estimate by the answer's bytes."""
     answer = response.usage.output_tokens
     if over:
-        answer = max(answer, _message_bytes(response.message) // BYTES_PER_TOKEN + 16)
+        answer = max(answer, _message_bytes(response.message) // BYTES_PER_TOKEN + FRAMING_TOKENS)
     return response.usage.input_tokens + answer
 
 
