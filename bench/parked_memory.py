@@ -185,7 +185,18 @@ async def measure_system(
         "heap_kb_per_run_total": sum(per_run.values()),
         "outside_python_kb_per_run": outside,
         "rss_kb_per_run": (rss[1] - rss[0]) * 1.024 / runs,
+        "gc_tracked_per_run": _tracked_per_run(untraced, runs),
     }
+
+
+def _tracked_per_run(
+    dumps: list[tuple[tracemalloc.Snapshot | None, dict[str, int]]], runs: int
+) -> float | None:
+    """Objects the garbage collector tracks per parked run: what its full collections walk."""
+    counts = [malloc.get("gc_tracked") for _, malloc in dumps]
+    if None in counts:
+        return None
+    return (counts[1] - counts[0]) / runs
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -217,6 +228,11 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             "| outside the Python heap (malloc in use, less Python's blocks: Core) | "
             f"{mine:.1f} | {theirs:.1f} |"
+        )
+    mine, theirs = relaykit.get("gc_tracked_per_run"), floor.get("gc_tracked_per_run")
+    if mine is not None and theirs is not None:
+        lines.append(
+            f"| objects the garbage collector tracks, per parked run | {mine:.0f} | {theirs:.0f} |"
         )
     lines.append(
         "| RSS per parked run (VmRSS growth, a worker that traces nothing) | "

@@ -13,17 +13,24 @@ directory by default): diffing two snapshots taken at N and 2N parked runs tells
 run holds in the Python heap. Beside each snapshot it writes ``malloc``'s own count of the bytes in
 use (``<pid>-<n>.malloc.json``), which also counts what Core's Rust side holds; with
 ``BENCH_TRACEMALLOC=0`` it writes only that count, from a worker that traces nothing (tracing's
-own records are ``malloc``'s too).
+own records are ``malloc``'s too), and with it the number of objects Python's garbage collector
+tracks once it has collected.
+
+With ``BENCH_GC_LOG=<path>`` the worker counts its garbage collections and the time they took,
+per generation, and writes them to ``<path>.<pid>`` as JSON when it stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import ctypes
+import gc
 import json
 import os
 import signal
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -91,10 +98,33 @@ def _trace_allocations() -> None:
         if tracemalloc.is_tracing():
             tracemalloc.take_snapshot().dump(f"{stem}.snapshot.part")
             os.replace(f"{stem}.snapshot.part", f"{stem}.snapshot")
-        Path(f"{stem}.malloc.part").write_text(json.dumps(malloc_in_use()))
+        counts: dict[str, int] = malloc_in_use()
+        gc.collect()  # after the malloc count, which it would change
+        counts["gc_tracked"] = len(gc.get_objects())
+        Path(f"{stem}.malloc.part").write_text(json.dumps(counts))
         os.replace(f"{stem}.malloc.part", f"{stem}.malloc.json")
 
     signal.signal(signal.SIGUSR1, dump)
+
+
+def _log_collections() -> None:
+    path = os.environ.get("BENCH_GC_LOG")
+    if not path:
+        return
+    collections = {generation: {"count": 0, "seconds": 0.0} for generation in range(3)}
+    started = 0.0
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        nonlocal started
+        if phase == "start":
+            started = time.perf_counter()
+            return
+        entry = collections[info["generation"]]
+        entry["count"] += 1
+        entry["seconds"] += time.perf_counter() - started
+
+    gc.callbacks.append(timed)
+    atexit.register(lambda: Path(f"{path}.{os.getpid()}").write_text(json.dumps(collections)))
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -138,6 +168,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    _log_collections()
     _trace_allocations()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("system", choices=["relaykit", "floor"])

@@ -4,11 +4,13 @@ Temporal retry decisions."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import json
 import socket
 import ssl
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -26,6 +28,7 @@ from relaykit.errors import (
     PAYLOAD_TOO_LARGE,
 )
 from relaykit.messages import Message, ModelResponse, OutputSpec, ToolCall, ToolSpec
+from relaykit.models import providers
 from relaykit.models.aiohttp_transport import AiohttpTransport
 from relaykit.models.http_transport import PROXY_VARIABLES, ModelHttpClient, model_http_client
 from relaykit.models.providers import (
@@ -375,6 +378,37 @@ async def test_streaming_matches_non_streaming(
     if provider == "openai":
         assert sent["stream_options"] == {"include_usage": True}
     assert streamed.usage.input_tokens == 20 and streamed.usage.output_tokens == 9
+
+
+class _Beats:
+    """A heartbeat callable that can be watched by a weak reference."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+async def test_a_slow_answer_heartbeats_and_leaves_nothing_for_the_garbage_collector(
+    server: ScriptedModelServer, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every model call of a worker goes through this: what the heartbeats hold (the attempt's
+    activity context, in a worker) must be freed when the call returns, not left in a
+    reference cycle for the collector."""
+    monkeypatch.setattr(providers, "HEARTBEAT_INTERVAL_SECONDS", 0.02)
+    server.script("oa-slow", [text("done", delay=0.3)])
+    beats = _Beats()
+    watched = weakref.ref(beats)
+    gc.disable()
+    try:
+        resp = await call_model(req("oa-slow"), http=http, heartbeat=beats)
+        assert resp.message.content == "done"
+        assert beats.count >= 3
+        del beats
+        assert watched() is None
+    finally:
+        gc.enable()
 
 
 # --------------------------------------------------------------------------------------------

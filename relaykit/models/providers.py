@@ -138,24 +138,41 @@ def _raise_for_status(request: ModelRequest, endpoint: Endpoint, response: httpx
 T = TypeVar("T")
 
 
+class _Heartbeats:
+    """Calls ``heartbeat`` every :data:`HEARTBEAT_INTERVAL_SECONDS` until stopped.
+
+    A timer, not a task: one model call in flight costs a scheduled callback, not a coroutine.
+    The callback is a bound method, and ``stop`` cancels its timer, which drops the callback:
+    nothing is left in a reference cycle. (A closure that rescheduled itself was one: after every
+    model call it kept the attempt's activity context, and the heartbeat with it, until the
+    garbage collector found them.)
+    """
+
+    __slots__ = ("_heartbeat", "_loop", "_timer")
+
+    def __init__(self, heartbeat: Callable[[], None]) -> None:
+        self._heartbeat = heartbeat
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(HEARTBEAT_INTERVAL_SECONDS, self._beat)
+
+    def _beat(self) -> None:
+        self._heartbeat()
+        self._timer = self._loop.call_later(HEARTBEAT_INTERVAL_SECONDS, self._beat)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 async def _heartbeating(work: Awaitable[T], heartbeat: Callable[[], None] | None) -> T:
     """Keep the activity's heartbeat going while a long non-streaming answer is generated, so a
     heartbeat timeout only fires when the worker itself is gone."""
     if heartbeat is None:
         return await work
-    loop = asyncio.get_running_loop()
-    timer: asyncio.TimerHandle | None = None
-
-    def beat() -> None:
-        nonlocal timer
-        heartbeat()
-        timer = loop.call_later(HEARTBEAT_INTERVAL_SECONDS, beat)
-
-    timer = loop.call_later(HEARTBEAT_INTERVAL_SECONDS, beat)
+    beats = _Heartbeats(heartbeat)
     try:
         return await work
     finally:
-        timer.cancel()
+        beats.stop()
 
 
 async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
