@@ -91,9 +91,10 @@ class Spend:
             return request
         while True:
             if s.phase == "finishing":  # the last call: no tools, the reserve too
-                final = request.model_copy(update=plan.FINAL_CALL)
                 # Estimated with its reminder where stops are recorded (replays read those).
-                estimated = final if s.recorded_stops else request
+                estimated = (
+                    request.model_copy(update=plan.FINAL_CALL) if s.recorded_stops else request
+                )
                 fitted = await budget_stops.fitted(self, estimated, 0.0, plan.MIN_FINAL_OUTPUT)
                 if fitted is None:
                     return self._fail(request)
